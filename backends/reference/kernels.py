@@ -1,0 +1,102 @@
+"""The reference backend's kernels: the ops of backends.reference.ops behind the kernel API."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from backends.reference import dequant, ops
+from hal.kernel import MaskedMoEKernel, MoEKernel, RequantKernel
+
+NAME = "reference"
+
+
+@attrs.frozen
+class ReferencePlan:
+    experts_used: int
+    routes: int
+    compute: str
+
+    def describe(self) -> str:
+        return (f"reference: {self.routes} routes over {self.experts_used} experts, one torch "
+                f"matmul pair per expert ({self.compute})")
+
+
+def _dequantized_experts(kernel, weights):
+    """Dequantize every expert to the activation dtype once, as an engine without this library
+    does, and hand them to ops as a lookup."""
+    dtype = getattr(torch, kernel.spec.act_dtype)
+    w13 = dequant.w13(kernel.spec, weights, torch.float32).to(dtype)
+    w2 = dequant.w2(kernel.spec, weights, torch.float32).to(dtype)
+    b13 = None if weights.b13 is None else weights.b13.to(torch.float32)
+    b2 = None if weights.b2 is None else weights.b2.to(torch.float32)
+    return dict(w13=w13, w2=w2, b13=b13, b2=b2, weights=weights)
+
+
+def _lookup(data):
+    def get(e):
+        return (data["w13"][e], data["w2"][e],
+                None if data["b13"] is None else data["b13"][e].to(data["w13"].dtype),
+                None if data["b2"] is None else data["b2"][e].to(data["w13"].dtype))
+    return get
+
+
+class ReferenceMoEKernel(MoEKernel):
+    backend = NAME
+
+    def _prepare(self, weights):
+        return _dequantized_experts(self, weights)
+
+    def _run(self, x, topk_weights, topk_ids, data, out):
+        out.copy_(ops.moe_tokens(self.spec, x, topk_weights, topk_ids, data["weights"],
+                                 compute_dtype=x.dtype, experts=_lookup(data)))
+
+    def plan(self, topk_ids):
+        ids = topk_ids.long()
+        return ReferencePlan(experts_used=int(torch.unique(ids).numel()), routes=int(ids.numel()),
+                             compute=f"{self.spec.act_dtype} matmuls, fp32 accumulation of routes")
+
+
+class ReferenceMaskedKernel(MaskedMoEKernel):
+    backend = NAME
+
+    def _prepare(self, weights):
+        return _dequantized_experts(self, weights)
+
+    def _run(self, x, x_scale, masked_m, data, out, expected_rows):
+        ops.moe_masked(self.spec, x, x_scale, masked_m, data["weights"], out,
+                       compute_dtype=torch.bfloat16, experts=_lookup(data))
+
+    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+        live = None if masked_m is None else int((masked_m > 0).sum())
+        return ReferencePlan(experts_used=live if live is not None else self.spec.local_experts,
+                             routes=int(masked_m.sum()) if masked_m is not None else 0,
+                             compute="torch requant + bf16 matmuls per live expert")
+
+
+@attrs.frozen
+class RequantReferencePlan:
+    fp8_dtype: str
+
+    def describe(self) -> str:
+        return f"reference: torch loop over experts, output {self.fp8_dtype}"
+
+
+class ReferenceRequantKernel(RequantKernel):
+    backend = NAME
+
+    def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
+                 check: bool = True):
+        from hal.inputs import check_masked_inputs
+
+        if check:
+            check_masked_inputs(self.spec.num_experts, self.spec.hidden_size, self.device, x,
+                                x_scale, masked_m, expected_rows)
+        if out is None:
+            out = torch.empty(x.shape, dtype=self.fp8_dtype, device=x.device)
+        return ops.requant_fp8(x, x_scale, masked_m, output_scale, out)
+
+    def plan(self, max_m: int = 0, expected_rows: Optional[int] = None):
+        return RequantReferencePlan(str(self.fp8_dtype).replace("torch.", ""))

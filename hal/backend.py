@@ -1,0 +1,62 @@
+"""The interface every backend implements. A backend is an object exposed through the entry-point
+group "hal.backends"; hal/ never imports a backend module by name.
+
+    name   open string, unique
+    ops    the ops it serves: "moe" (MoESpec) and/or "requant" (RequantSpec)
+    check(spec, target) -> Verdict      every reason it cannot run `spec` on `target`
+    rank(spec, target)  -> int          higher wins among accepted backends
+    build(spec, target) -> kernel       a Kernel subclass, ready for prepare_weights / __call__
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, runtime_checkable
+
+import attrs
+
+from hal.caps import Caps, CpuCaps, GpuCaps
+from hal.verdict import Verdict
+
+# Ranks are a convention between backends, gathered here so their order is visible in one place.
+RANK_REFERENCE = 0  # the portable oracle: always last
+RANK_PORTABLE_FAST = 50  # a compiled kernel that runs on any CPU/GPU of its kind
+RANK_SPECIALIZED = 100  # a kernel built for this exact hardware feature (AMX, mma.sync, ...)
+
+
+@attrs.frozen
+class Target:
+    """Where a kernel will run: the device string and the capabilities that apply to it."""
+
+    device: str  # "cpu" or "cuda:N"
+    caps: Caps
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def cpu(self) -> CpuCaps:
+        return self.caps.cpu
+
+    @property
+    def gpu(self) -> Optional[GpuCaps]:
+        """The GPU this target names, or None on CPU or when the caps list no such GPU."""
+        if self.is_cpu:
+            return None
+        index = int(self.device.split(":")[1]) if ":" in self.device else 0
+        for gpu in self.caps.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    ops: tuple
+
+    def check(self, spec, target: Target) -> Verdict: ...
+
+    def rank(self, spec, target: Target) -> int: ...
+
+    def build(self, spec, target: Target): ...

@@ -1,0 +1,2 @@
+"""`hal bench`: times kernels side by side with their baselines, against ceilings measured in the
+same run."""

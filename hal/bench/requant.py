@@ -1,0 +1,114 @@
+"""The requant benchmark: per-token-group -> per-tensor FP8 on the masked layout, the selected
+kernel against its baselines (the legacy launch geometry), over hidden sizes, local expert counts,
+rows per expert and routing skew."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+import attrs
+
+from hal.bench.ceilings import Ceilings
+from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
+from hal.spec import TOKEN_GROUP
+
+# Rotate input sets until they hold this many bytes, twice the H200's 60 MB L2, so small cases
+# measure memory rather than the cache left warm by the previous replay.
+ROTATE_BYTES = 120 << 20
+MAX_ROTATE = 64
+
+
+@attrs.frozen
+class RequantRow:
+    hidden: int
+    experts: int
+    rows_per_expert: int
+    skew: int
+    expected_rows: int
+    variant: str
+    timing: Timing
+    bytes_moved: int  # live rows: fp8 in + fp8 out + fp32 scales
+    gbps: float
+    vs_baseline: Optional[float]
+
+
+@attrs.frozen
+class RequantBench:
+    device: str
+    ceilings: Ceilings
+    baseline: Optional[str]
+    rows: tuple
+
+
+def skewed_rows(experts: int, rows: int, skew: int) -> list:
+    """One hot expert takes skew x rows; the others share what is left, so the total stays
+    experts x rows."""
+    total = experts * rows
+    hot = min(skew * rows, total)
+    if experts == 1:
+        return [total]
+    rest, extra = divmod(total - hot, experts - 1)
+    return [hot] + [rest + (1 if i < extra else 0) for i in range(experts - 1)]
+
+
+def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: Sequence[int],
+        skews: Sequence[int], *, backend: Optional[str] = None, warmup: int = DEFAULT_WARMUP,
+        iters: int = DEFAULT_ITERS, ceilings: Optional[Ceilings] = None, log=sys.stderr) -> RequantBench:
+    import torch
+
+    from hal.bench import ceilings as ceiling_probe
+    from hal.registry import select_requant_kernel
+    from hal.spec import RequantSpec
+    from hal.synth import random_masked_inputs
+
+    print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
+    ceilings = ceilings or ceiling_probe.measure(device)
+    print(f"[hal bench] {ceilings.describe()}", file=log, flush=True)
+    out_rows, baseline = [], None
+    for h in hidden:
+        for e in experts:
+            main = select_requant_kernel(RequantSpec(e, h), device, caps=caps, prefer=backend)
+            kernels = [(main.backend, main)] + [(f"{main.backend}:{n}", k)
+                                                 for n, k in main.baselines().items()]
+            baseline = kernels[1][0] if len(kernels) > 1 else None
+            for r in rows:
+                for skew in skews:
+                    masked = skewed_rows(e, r, skew)
+                    max_m = max(masked)
+                    live = sum(masked)
+                    expected = (live + e) // e  # what DeepEP's dispatcher reports
+                    per_set = live * (2 * h + 4 * (h // TOKEN_GROUP))
+                    footprint = e * max_m * (2 * h + 4 * (h // TOKEN_GROUP))
+                    rotate = max(1, min(MAX_ROTATE, ROTATE_BYTES // max(footprint, 1)))
+                    sets = [random_masked_inputs(e, h, max_m, masked, seed=i, device=device,
+                                                 fp8_dtype=main.fp8_dtype) for i in range(rotate)]
+                    scale = torch.tensor([0.05], device=device)
+                    timings = {}
+                    for label, kernel in kernels:
+                        outs = [torch.empty(x.shape, dtype=x.dtype, device=device) for x, _, _ in sets]
+                        calls = [(lambda k=kernel, s=s, o=o: k(s[0], s[1], s[2], scale, out=o,
+                                                               expected_rows=expected, check=False))
+                                 for s, o in zip(sets, outs)]
+                        timings[label] = time_calls(device, calls, warmup, iters)
+                    for label, t in timings.items():
+                        out_rows.append(RequantRow(
+                            h, e, r, skew, expected, label, t, per_set, per_set / t.median_s / 1e9,
+                            timings[baseline].median_s / t.median_s if baseline else None))
+                    best = timings[main.backend].median_s
+                    print(f"[hal bench] H={h} E={e} rows={r} skew={skew}: {best * 1e6:.1f} us"
+                          + (f", {baseline} {timings[baseline].median_s * 1e6:.1f} us" if baseline else ""),
+                          file=log, flush=True)
+    return RequantBench(device, ceilings, baseline, tuple(out_rows))
+
+
+def format_table(result: RequantBench) -> str:
+    lines = [result.ceilings.describe(),
+             f"{'H':>5} {'E':>4} {'rows':>4} {'skew':>4} {'exp':>4} {'variant':<18} {'median us':>10} "
+             f"{'GB/s':>8} {'x base':>7}  timing"]
+    for r in result.rows:
+        vs = f"{r.vs_baseline:7.2f}" if r.vs_baseline is not None else "      -"
+        lines.append(f"{r.hidden:>5} {r.experts:>4} {r.rows_per_expert:>4} {r.skew:>4} "
+                     f"{r.expected_rows:>4} {r.variant:<18} {r.timing.median_s * 1e6:10.2f} "
+                     f"{r.gbps:8.1f} {vs}  {r.timing.method}")
+    return "\n".join(lines)

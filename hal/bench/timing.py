@@ -1,0 +1,96 @@
+"""How a kernel call is timed. CPU: wall clock around each call. GPU: a CUDA graph of one call per
+rotated input set, replayed; when a kernel cannot be captured (it syncs with the host), CUDA events
+around eager calls, and the result says so."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import attrs
+
+# Enough repeats that the median is stable to a few percent on a quiet machine, few enough that a
+# full token sweep of one model stays within minutes on 2 CPU cores.
+DEFAULT_WARMUP = 3
+DEFAULT_ITERS = 20
+# A GPU replay shorter than this is dominated by launch jitter: replay the graph this long at least.
+MIN_GPU_MEASURE_S = 0.02
+
+
+@attrs.frozen
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    samples: int
+    method: str  # wall | cuda_graph | cuda_events
+
+    @classmethod
+    def of(cls, seconds: Sequence[float], method: str) -> "Timing":
+        ordered = sorted(seconds)
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+        return cls(statistics.median(ordered), pick(0.1), pick(0.9), len(ordered), method)
+
+
+def time_cpu(calls: Sequence[Callable[[], object]], warmup: int = DEFAULT_WARMUP,
+             iters: int = DEFAULT_ITERS) -> Timing:
+    """Median seconds of one call, cycling through `calls` (one per rotated input set)."""
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    samples = []
+    for i in range(iters):
+        call = calls[i % len(calls)]
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return Timing.of(samples, "wall")
+
+
+def time_gpu(calls: Sequence[Callable[[], object]], warmup: int = DEFAULT_WARMUP,
+             iters: int = DEFAULT_ITERS) -> Timing:
+    import torch
+
+    for i in range(max(warmup, len(calls))):
+        calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for call in calls:  # a first pass on the side stream, as capture requires
+                call()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for call in calls:
+                call()
+        replay, method = graph.replay, "cuda_graph"
+    except Exception:  # host syncs inside the kernel make capture impossible
+        torch.cuda.synchronize()
+
+        def replay():
+            for call in calls:
+                call()
+        method = "cuda_events"
+    replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    replay()
+    stop.record()
+    stop.synchronize()
+    once = start.elapsed_time(stop) / 1e3
+    repeats = max(1, int(MIN_GPU_MEASURE_S / max(once, 1e-7)))
+    samples = []
+    for _ in range(iters):
+        start.record()
+        for _ in range(repeats):
+            replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / 1e3 / repeats / len(calls))
+    return Timing.of(samples, method)
+
+
+def time_calls(device: str, calls, warmup: int = DEFAULT_WARMUP, iters: int = DEFAULT_ITERS) -> Timing:
+    return time_cpu(calls, warmup, iters) if device == "cpu" else time_gpu(calls, warmup, iters)

@@ -1,0 +1,1 @@
+"""The `hal` command line: probe | profiles | select | bench | build."""

@@ -1,0 +1,89 @@
+"""`hal bench moe|requant`: time kernels side by side with their baselines on this machine."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import attrs
+
+from hal.cli import spec_args
+from hal.cli.spec_args import int_list, str_list
+
+DEFAULT_TOKENS = "1,4,16,64,256,1024"
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="time the selected kernel against baselines and other backends")
+    modes = p.add_subparsers(dest="mode", required=True)
+
+    moe = modes.add_parser("moe", help="an MoE layer over token counts and routings")
+    spec_args.add(moe)
+    moe.add_argument("--tokens", type=int_list, default=int_list(DEFAULT_TOKENS))
+    moe.add_argument("--routing", type=str_list, default=["uniform"],
+                     help="comma list of uniform, concentrated, one_expert")
+    moe.add_argument("--backend", help="bench this backend as the main kernel (default: the selected)")
+    moe.add_argument("--no-reference", action="store_true", help="skip the torch reference (slow)")
+    _common(moe)
+    moe.set_defaults(run=run_moe)
+
+    req = modes.add_parser("requant", help="FP8 per-token-group -> per-tensor requant, masked layout")
+    req.add_argument("--hidden", type=int_list, default=int_list("7168,3584"))
+    req.add_argument("--experts", type=int_list, default=int_list("8,32,56,128,256,512"))
+    req.add_argument("--rows", type=int_list, default=int_list("1,8,32,128"), help="rows per expert")
+    req.add_argument("--skew", type=int_list, default=int_list("1,4,16"),
+                     help="the hot expert takes skew x rows; the total stays constant")
+    req.add_argument("--backend")
+    _common(req, default_device="cuda")
+    req.set_defaults(run=run_requant)
+
+
+def _common(p, default_device="cpu"):
+    p.add_argument("--device", default=default_device, help="cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--out", help="also write the JSON results to this file")
+
+
+def _emit(args, result, table: str) -> int:
+    payload = attrs.asdict(result, value_serializer=lambda _, __, v: str(v) if hasattr(v, "dtype") else v)
+    payload["command"] = "hal " + " ".join(sys.argv[1:])
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(payload, handle, indent=2, default=str)
+    print(json.dumps(payload, indent=2, default=str) if args.json else table)
+    return 0
+
+
+def run_moe(args) -> int:
+    import hal
+    from hal.bench import moe
+    from hal.registry import normalize_device
+
+    for routing in args.routing:
+        if routing not in ("uniform", "concentrated", "one_expert"):
+            raise ValueError(f"--routing {routing!r}: expected uniform, concentrated or one_expert")
+    spec = spec_args.spec_from(args)
+    if spec.layout != "tokens":
+        raise ValueError("hal bench moe times the token layout; w4afp8 (masked) runs under "
+                         "`hal bench requant` for its requant stage")
+    device = normalize_device(args.device)
+    caps = hal.probe(deep=device != "cpu")
+    result = moe.run(spec, device, caps, args.tokens, args.routing, backend=args.backend,
+                     threads=args.threads, warmup=args.warmup, iters=args.iters,
+                     include_reference=not args.no_reference)
+    return _emit(args, result, moe.format_table(result))
+
+
+def run_requant(args) -> int:
+    import hal
+    from hal.bench import requant
+    from hal.registry import normalize_device
+
+    device = normalize_device(args.device)
+    caps = hal.probe(deep=device != "cpu")
+    result = requant.run(device, caps, args.hidden, args.experts, args.rows, args.skew,
+                         backend=args.backend, warmup=args.warmup, iters=args.iters)
+    return _emit(args, result, requant.format_table(result))

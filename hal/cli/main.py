@@ -1,0 +1,39 @@
+"""Entry point of the `hal` console script: one subcommand per module in hal/cli/."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hal.cli import bench_cmd, build_cmd, probe_cmd, profiles_cmd, select_cmd
+
+COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="hal", description="moe-hal: what this hardware can do, and "
+                                  "which MoE kernel runs best on it.")
+    top.add_argument("-v", "--verbose", action="count", default=0,
+                     help="log selection (-v: the choice, -vv: every rejection too)")
+    sub = top.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return top
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(name)s: %(message)s")
+    try:
+        return args.run(args) or 0
+    except (ValueError, KeyError) as exc:
+        print(f"hal {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

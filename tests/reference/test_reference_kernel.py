@@ -1,0 +1,77 @@
+"""The reference backend through the kernel API: what every backend's kernel must also do."""
+
+import attrs
+import pytest
+import torch
+
+import hal
+from backends.reference import ops
+from conftest import poison
+from hal.caps import Caps
+from hal.synth import (random_expert_map, random_masked_inputs, random_routing, random_tokens,
+                       random_weights)
+
+pytestmark = pytest.mark.cpu
+
+
+def build(spec):
+    return hal.select_moe_kernel(spec, "cpu", caps=Caps(), prefer="reference")
+
+
+@pytest.mark.parametrize("local", [None, 3])
+@pytest.mark.parametrize("M", [1, 13])
+def test_kernel_writes_every_row_and_matches_float64(local, M):
+    spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
+                       weight_format="fp8_block128", num_local_experts=local)
+    w = random_weights(spec, seed=1)
+    if spec.is_ep:
+        w = attrs.evolve(w, expert_map=random_expert_map(spec, seed=2))
+    kernel = build(spec)
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=3)
+    tw, ti = random_routing(spec, M, seed=4)
+    out = poison(torch.empty_like(x))
+    kernel(x, tw, ti, prepared, out=out)
+    assert not torch.isnan(out).any()
+    want = ops.moe_tokens(spec, x, tw, ti, w, compute_dtype=torch.float64).double()
+    assert (out.double() - want).norm() <= 1e-2 * want.norm() + 1e-6
+
+
+def test_empty_batch_and_bad_inputs_name_the_argument():
+    spec = hal.MoESpec(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64)
+    kernel = build(spec)
+    prepared = kernel.prepare_weights(random_weights(spec))
+    x = random_tokens(spec, 0)
+    tw, ti = random_routing(spec, 0)
+    assert kernel(x, tw, ti, prepared).shape == (0, 128)
+    x = random_tokens(spec, 3)
+    tw, ti = random_routing(spec, 3)
+    with pytest.raises(ValueError, match=r"^x has dtype torch.float32"):
+        kernel(x.float(), tw, ti, prepared)
+    with pytest.raises(ValueError, match=r"^topk_ids holds values in \[4, 4\]: expected \[0, 4\)"):
+        kernel(x, tw, torch.full_like(ti, 4), prepared)
+    with pytest.raises(ValueError, match=r"^topk_weights has shape"):
+        kernel(x, tw[:, :1], ti, prepared)
+    with pytest.raises(ValueError, match=r"^out must be"):
+        kernel(x, tw, ti, prepared, out=torch.empty(2, 128, dtype=torch.bfloat16))
+    other = hal.MoESpec(num_experts=4, top_k=1, hidden_size=128, intermediate_size=64)
+    with pytest.raises(ValueError, match="prepared was made"):
+        build(other)(x, tw[:, :1], ti[:, :1], prepared)
+
+
+def test_masked_w4afp8_rows_beyond_masked_m_untouched():
+    spec = hal.MoESpec(num_experts=16, top_k=8, hidden_size=256, intermediate_size=128,
+                       weight_format="w4afp8", layout="masked", num_local_experts=4)
+    kernel = build(spec)
+    w = random_weights(spec, seed=5)
+    w = attrs.evolve(w, expert_map=random_expert_map(spec, seed=6))
+    prepared = kernel.prepare_weights(w)
+    masked = [0, 6, 1, 0]
+    x, scale, masked_m = random_masked_inputs(4, 256, 6, masked, seed=7)
+    out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+    kernel(x, scale, masked_m, prepared, expected_rows=2, out=out)
+    for e, m in enumerate(masked):
+        assert not torch.isnan(out[e, :m]).any()
+        assert torch.isnan(out[e, m:]).all()
+    want = ops.moe_masked(spec, x, scale, masked_m, w, torch.zeros_like(out), torch.float64)
+    assert (out[1].double() - want[1].double()).norm() <= 2e-2 * want[1].double().norm()
