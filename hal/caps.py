@@ -1,7 +1,8 @@
 """The capability data model: one frozen attrs tree that round-trips through JSON.
 
-Every section carries `sources` (field -> where the value came from: sysfs, cpuid, arch_prctl, nvml,
-torch, triton, amdsmi, datasheet) and `unknown` (field -> why it is None). A probe that cannot read
+Every section carries `sources` (field -> where the value came from: proc, sysfs, cpuid, arch_prctl,
+os, cgroup, nvml, arch_table (a per-arch constant), nvml+arch_table, torch, triton, amdsmi, measured,
+datasheet, scenario (a synthetic profile's stated premise)) and `unknown` (field -> why it is None). A probe that cannot read
 a field leaves it None and says why; it never raises."""
 
 from __future__ import annotations

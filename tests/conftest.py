@@ -74,18 +74,3 @@ def pytest_collection_modifyitems(config, items):
                 if cache[marker]:
                     item.add_marker(pytest.mark.skip(reason=f"[{marker}] {cache[marker]}"))
                     break
-
-
-POISON_BYTE = 0x7F  # NaN in float8_e4m3fn; in any 1-byte tensor a value kernels are checked against
-
-
-def poison(t):
-    """Fill a tensor with a value no kernel writes, so unwritten elements show: NaN for float
-    tensors, the byte 0x7F for 1-byte ones, -1 for integers."""
-    import torch
-
-    if t.element_size() == 1:
-        t.view(torch.uint8).fill_(POISON_BYTE)
-    else:
-        t.fill_(float("nan") if t.dtype.is_floating_point else -1)
-    return t

@@ -42,9 +42,10 @@ class MoEBench:
     rows: tuple
 
 
-def variants(spec, device: str, caps, backend: Optional[str] = None, include_reference: bool = True):
+def variants(spec, device: str, caps, backend: Optional[str] = None, include_reference: bool = True,
+             include_others: bool = True):
     """[(label, kernel)]: the chosen kernel first, then its baselines, then the other backends that
-    accept the spec here."""
+    accept the spec here (only the reference when include_others is False)."""
     from hal.backend import Target
     from hal.registry import decide, discover, select_moe_kernel
 
@@ -56,7 +57,8 @@ def variants(spec, device: str, caps, backend: Optional[str] = None, include_ref
     for c in decision.candidates:
         if not c.verdict.ok or c.name == main.backend:
             continue
-        if c.name == "reference" and not include_reference:
+        if (c.name == "reference" and not include_reference) or \
+                (c.name != "reference" and not include_others):
             continue
         out.append((c.name, select_moe_kernel(spec, device, caps=caps, prefer=c.name, backends=found)))
     return out
@@ -82,7 +84,7 @@ def _input_sets(spec, tokens: int, routing: str, rotate: int, device: str, exper
 def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str], *,
         backend: Optional[str] = None, threads: Optional[int] = None, rotate: int = DEFAULT_ROTATE,
         warmup: int = DEFAULT_WARMUP, iters: int = DEFAULT_ITERS, include_reference: bool = True,
-        ceilings: Optional[Ceilings] = None, log=sys.stderr) -> MoEBench:
+        include_others: bool = True, ceilings: Optional[Ceilings] = None, log=sys.stderr) -> MoEBench:
     import torch
 
     from hal.bench import ceilings as ceiling_probe
@@ -97,7 +99,7 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
     expert_map = random_expert_map(spec, seed=8, device=device) if spec.is_ep else None
     if expert_map is not None:
         weights = attrs.evolve(weights, expert_map=expert_map)
-    kernels = variants(spec, device, caps, backend, include_reference)
+    kernels = variants(spec, device, caps, backend, include_reference, include_others)
     baseline = kernels[1][0] if len(kernels) > 1 and ":" in kernels[1][0] else None
     prepared = {}
     for label, kernel in kernels:

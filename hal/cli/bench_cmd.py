@@ -24,6 +24,9 @@ def add_parser(sub):
                      help="comma list of uniform, concentrated, one_expert")
     moe.add_argument("--backend", help="bench this backend as the main kernel (default: the selected)")
     moe.add_argument("--no-reference", action="store_true", help="skip the torch reference (slow)")
+    moe.add_argument("--only", action="store_true",
+                     help="time only the main kernel, its baselines and the reference, not the "
+                          "other backends that accept the spec")
     _common(moe)
     moe.set_defaults(run=run_moe)
 
@@ -73,7 +76,7 @@ def run_moe(args) -> int:
     caps = hal.probe(deep=device != "cpu")
     result = moe.run(spec, device, caps, args.tokens, args.routing, backend=args.backend,
                      threads=args.threads, warmup=args.warmup, iters=args.iters,
-                     include_reference=not args.no_reference)
+                     include_reference=not args.no_reference, include_others=not args.only)
     return _emit(args, result, moe.format_table(result))
 
 

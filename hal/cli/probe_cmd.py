@@ -18,19 +18,15 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    import attrs
-
     import hal
     from hal.matrix import format_matrix, selection_matrix
     from hal.probe.table import format_caps
 
     caps = hal.probe(deep=args.deep, profile=args.profile)
     if args.bandwidth:
-        from hal.probe import measure_memory_bandwidth
+        from hal.probe import with_measured_bandwidth
 
-        cpu = attrs.evolve(caps.cpu, mem_bandwidth_gbps=measure_memory_bandwidth(),
-                           sources={**caps.cpu.sources, "mem_bandwidth_gbps": "measured"})
-        caps = attrs.evolve(caps, cpu=cpu)
+        caps = with_measured_bandwidth(caps)
     if args.json:
         print(caps.to_json())
         return 0

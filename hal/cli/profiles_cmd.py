@@ -27,6 +27,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    if not rows:
+        print("no recorded profiles found")
+        return 1
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name']:<{width}}  {r['kind']:<9}  {r['gpu'] or '-'}  | {r['cpu'] or '-'}")

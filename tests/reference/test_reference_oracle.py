@@ -9,7 +9,7 @@ import torch
 
 import hal
 from backends.reference import ops
-from conftest import poison
+from hal.testing import poison
 from hal.synth import (random_expert_map, random_masked_inputs, random_routing, random_tokens,
                        random_weights)
 

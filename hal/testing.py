@@ -1,0 +1,33 @@
+"""Helpers for kernel tests, here and in third-party backends: poisoned outputs and the accuracy
+measure of DESIGN.md."""
+
+from __future__ import annotations
+
+import torch
+
+POISON_BYTE = 0x7F  # NaN in float8_e4m3fn; for any 1-byte tensor, a sentinel the tests look for
+ACCURACY = 1e-2  # DESIGN.md: ||out - ref|| / ||ref|| against a float64 evaluation
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a tensor with a value no kernel writes, so unwritten elements show: NaN for float
+    tensors, the byte 0x7F for 1-byte ones, -1 for integers."""
+    if t.element_size() == 1:
+        t.view(torch.uint8).fill_(POISON_BYTE)
+    else:
+        t.fill_(float("nan") if t.dtype.is_floating_point else -1)
+    return t
+
+
+def is_poison(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise: still holds the poison."""
+    if t.element_size() == 1:
+        return t.view(torch.uint8) == POISON_BYTE
+    return torch.isnan(t) if t.dtype.is_floating_point else t == -1
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere makes it infinite, never a pass."""
+    diff = (out.double() - ref.double()).norm()
+    value = float(diff / ref.double().norm().clamp_min(1e-300))
+    return value if value == value else float("inf")

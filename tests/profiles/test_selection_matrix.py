@@ -1,0 +1,81 @@
+"""Selection across recorded profiles: pure functions of (spec, caps, registry), so any machine
+checks what an H200, an MI300X or a Sapphire Rapids VM would be given."""
+
+import pytest
+
+import hal
+from hal import presets
+from hal.backend import Target
+from hal.matrix import selection_matrix
+from hal.registry import decide, discover
+
+pytestmark = [pytest.mark.profiles, pytest.mark.cpu]
+
+FOUND = discover()
+
+
+def winner(profile, spec, device):
+    d = decide(spec, Target(device, hal.probe(profile=profile)), FOUND)
+    return d, next((c for c in d.candidates if c.name == d.winner), None)
+
+
+@pytest.mark.parametrize("profile", hal.profiles())
+def test_every_preset_gets_a_kernel_on_every_profile(profile):
+    rows = selection_matrix(hal.probe(profile=profile), FOUND)
+    assert len(rows) >= sum(len(p.formats) for p in presets.PRESETS.values())
+    assert all(r.backend != "-" for r in rows), [r for r in rows if r.backend == "-"]
+
+
+def test_no_backend_failed_to_import():
+    assert [d.error for d in FOUND if d.error] == []
+
+
+def test_emerald_rapids_fp8_goes_to_cpu_brgemm_on_amx():
+    d, win = winner("emerald-rapids", presets.get("qwen3-30b-a3b").spec("fp8_block128"), "cpu")
+    assert d.winner == "cpu_brgemm", d.explain()
+    assert "AMX" in win.verdict.summary()
+
+
+def test_zen3_gets_cpu_brgemm_on_its_vector_path():
+    d, win = winner("zen3", presets.get("gpt-oss-20b").spec("mxfp4"), "cpu")
+    assert d.winner == "cpu_brgemm", d.explain()
+    assert "AVX2" in win.verdict.summary()
+
+
+def test_sapphire_rapids_vm_without_amx_permission_does_not_use_amx():
+    caps = hal.probe(profile="sapphire-rapids-vm")
+    assert caps.cpu.isa.amx_tile and not caps.cpu.amx.usable
+    d, win = winner("sapphire-rapids-vm", presets.get("deepseek-v3").spec("fp8_block128"), "cpu")
+    assert d.winner == "cpu_brgemm", d.explain()
+    assert "AMX" not in win.verdict.summary().replace("no AMX", "").replace("AMX not usable", "")
+
+
+def test_h200_int4_goes_to_marlin():
+    d, _ = winner("h200", presets.get("mixtral-8x7b").spec("int4_g128"), "cuda:0")
+    assert d.winner == "marlin", d.explain()
+
+
+def test_mi300x_int4_is_not_marlin_because_of_the_vendor():
+    d, _ = winner("mi300x", presets.get("deepseek-v3").spec("int4_g128"), "cuda:0")
+    assert d.winner != "marlin"
+    marlin = next(c for c in d.candidates if c.name == "marlin")
+    assert not marlin.verdict.ok and any("NVIDIA" in r or "nvidia" in r for r in marlin.verdict.reasons)
+
+
+def test_w4afp8_masked_on_mi300x_is_requant_with_wave64():
+    caps = hal.probe(profile="mi300x")
+    assert caps.gpus[0].warp_size == 64
+    d, win = winner("mi300x", presets.get("deepseek-v3").spec("w4afp8"), "cuda:0")
+    assert d.winner == "requant", d.explain()
+    assert "64" in win.verdict.summary()
+
+
+def test_rtx5090_is_not_treated_as_datacenter_blackwell():
+    gpu = hal.probe(profile="rtx5090").gpus[0]
+    assert gpu.arch == "sm_120" and not gpu.features.tcgen05
+    assert gpu.smem_per_block_optin == 99 * 1024
+
+
+def test_selection_is_deterministic():
+    caps = hal.probe(profile="h200")
+    assert selection_matrix(caps, FOUND) == selection_matrix(caps, FOUND)
