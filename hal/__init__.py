@@ -9,8 +9,7 @@
 # the function wins the attribute and later imports of hal.probe.* do not rebind it.
 import hal.probe as _probe_package
 from hal.caps import Caps, CpuCaps, GpuCaps
-from hal.registry import (NoKernelError, select_kernel, select_moe_kernel,
-                          select_requant_kernel)
+from hal.registry import NoKernelError, select_kernel, select_moe_kernel, select_requant_kernel
 from hal.spec import MoESpec, MoEWeights, RequantSpec
 
 __version__ = "0.1.0"

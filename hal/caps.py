@@ -1,9 +1,10 @@
 """The capability data model: one frozen attrs tree that round-trips through JSON.
 
-Every section carries `sources` (field -> where the value came from: proc, sysfs, cpuid, arch_prctl,
-os, cgroup, nvml, arch_table (a per-arch constant), nvml+arch_table, torch, triton, amdsmi, measured,
-datasheet, scenario (a synthetic profile's stated premise)) and `unknown` (field -> why it is None). A probe that cannot read
-a field leaves it None and says why; it never raises."""
+Every section carries `sources`, field -> where the value came from: proc, sysfs, cpuid,
+arch_prctl, os, cgroup, nvml, arch_table (a per-arch constant), nvml+arch_table, torch, triton,
+amdsmi, measured, datasheet, scenario (a synthetic profile's stated premise); and `unknown`,
+field -> why it is None. A probe that cannot read a field leaves it None and says why; it never
+raises."""
 
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ class Caps:
         return json.dumps(attrs.asdict(self), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str) -> "Caps":
+    def from_json(cls, text: str) -> Caps:
         return from_dict(cls, json.loads(text))
 
 

@@ -17,9 +17,10 @@ import io
 import os
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 

@@ -46,5 +46,6 @@ def format_matrix(rows) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     lines = []
     for row in table:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4])
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
+        lines.append(f"{cells}  {row[4]}")
     return "\n".join(lines)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from importlib import metadata
-from typing import Iterable, Optional
+from typing import Optional
 
 import attrs
 
@@ -28,7 +29,7 @@ OPS = {MoESpec: "moe", RequantSpec: "requant"}
 class NoKernelError(RuntimeError):
     """No backend can run the spec here; the message lists every backend's reasons."""
 
-    def __init__(self, decision: "Decision", headline: str):
+    def __init__(self, decision: Decision, headline: str):
         self.decision = decision
         super().__init__(f"{headline}\n{decision.explain()}")
 

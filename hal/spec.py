@@ -155,18 +155,18 @@ class MoEWeights:
     """Weights as public checkpoints store them (DESIGN.md, "Weight formats"). Shapes and dtypes
     are checked against a spec by `validate(spec)`, which every kernel's prepare_weights calls."""
 
-    w13: "object" = attrs.field(validator=_tensor_or_none)
-    w2: "object" = attrs.field(validator=_tensor_or_none)
-    w13_scale: "object" = attrs.field(default=None, validator=_tensor_or_none)
-    w2_scale: "object" = attrs.field(default=None, validator=_tensor_or_none)
-    b13: "object" = attrs.field(default=None, validator=_tensor_or_none)
-    b2: "object" = attrs.field(default=None, validator=_tensor_or_none)
-    expert_map: "object" = attrs.field(default=None, validator=_tensor_or_none)
+    w13: object = attrs.field(validator=_tensor_or_none)
+    w2: object = attrs.field(validator=_tensor_or_none)
+    w13_scale: object = attrs.field(default=None, validator=_tensor_or_none)
+    w2_scale: object = attrs.field(default=None, validator=_tensor_or_none)
+    b13: object = attrs.field(default=None, validator=_tensor_or_none)
+    b2: object = attrs.field(default=None, validator=_tensor_or_none)
+    expert_map: object = attrs.field(default=None, validator=_tensor_or_none)
     # w4afp8 only: the static fp32 per-tensor scale of each GEMM's FP8 input.
-    w13_input_scale: "object" = attrs.field(default=None, validator=_tensor_or_none)
-    w2_input_scale: "object" = attrs.field(default=None, validator=_tensor_or_none)
+    w13_input_scale: object = attrs.field(default=None, validator=_tensor_or_none)
+    w2_input_scale: object = attrs.field(default=None, validator=_tensor_or_none)
 
-    def validate(self, spec: MoESpec) -> "MoEWeights":
+    def validate(self, spec: MoESpec) -> MoEWeights:
         from hal.weights_check import check_weights
 
         check_weights(self, spec)

@@ -13,15 +13,15 @@ class Verdict:
     notes: tuple = attrs.field(default=(), converter=tuple)  # what it will do, when ok is True
 
     @classmethod
-    def accept(cls, *notes: str) -> "Verdict":
+    def accept(cls, *notes: str) -> Verdict:
         return cls(True, (), notes)
 
     @classmethod
-    def reject(cls, *reasons: str) -> "Verdict":
+    def reject(cls, *reasons: str) -> Verdict:
         return cls(False, reasons, ())
 
     @classmethod
-    def from_reasons(cls, reasons, notes=()) -> "Verdict":
+    def from_reasons(cls, reasons, notes=()) -> Verdict:
         """Accept when `reasons` is empty. Backends collect every failing condition, then call this."""
         reasons = tuple(reasons)
         return cls(not reasons, reasons, () if reasons else tuple(notes))

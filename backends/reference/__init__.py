@@ -21,8 +21,11 @@ class ReferenceBackend:
         return RANK_REFERENCE
 
     def build(self, spec, target):
-        from backends.reference.kernels import (ReferenceMaskedKernel, ReferenceMoEKernel,
-                                                ReferenceRequantKernel)
+        from backends.reference.kernels import (
+            ReferenceMaskedKernel,
+            ReferenceMoEKernel,
+            ReferenceRequantKernel,
+        )
 
         if isinstance(spec, RequantSpec):
             return ReferenceRequantKernel(spec, target)

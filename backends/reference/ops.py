@@ -4,7 +4,8 @@ may call one for a stage it does not accelerate."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 

@@ -26,14 +26,22 @@ class Ceilings:
 
 
 def measure(device: str) -> Ceilings:
+    n = CPU_MATMUL_N if device == "cpu" else GPU_MATMUL_N
+    return Ceilings(device, 2 * COPY_BYTES / _copy_seconds(device) / 1e9,
+                    2 * n**3 / _matmul_seconds(device, n) / 1e12)
+
+
+def _copy_seconds(device: str) -> float:
     import torch
 
     src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    copy = time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10)
-    del src, dst
-    n = CPU_MATMUL_N if device == "cpu" else GPU_MATMUL_N
+    return time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10).median_s
+
+
+def _matmul_seconds(device: str, n: int) -> float:
+    import torch
+
     a = torch.randn(n, n, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, device=device).to(torch.bfloat16)
-    mm = time_calls(device, [lambda: a @ b], warmup=2, iters=10)
-    return Ceilings(device, 2 * COPY_BYTES / copy.median_s / 1e9, 2 * n**3 / mm.median_s / 1e12)
+    return time_calls(device, [lambda: a @ b], warmup=2, iters=10).median_s

@@ -5,7 +5,8 @@ inputs, with ceilings measured in the same run."""
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import attrs
 
@@ -115,7 +116,8 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
             timings = {}
             for label, kernel in kernels:
                 calls = [(lambda k=kernel, s=s, o=o, p=prepared[label]:
-                          k(s[0], s[1], s[2], p, out=o, check=False)) for s, o in zip(sets, outs)]
+                          k(s[0], s[1], s[2], p, out=o, check=False))
+                         for s, o in zip(sets, outs, strict=True)]
                 timings[label] = time_calls(device, calls, warmup, iters)
                 print(f"[hal bench] {routing:>12} M={m:<5} {label:<24} "
                       f"{timings[label].median_s * 1e6:10.1f} us", file=log, flush=True)

@@ -5,7 +5,8 @@ rows per expert and routing skew."""
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import attrs
 
@@ -87,9 +88,9 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
                     timings = {}
                     for label, kernel in kernels:
                         outs = [torch.empty(x.shape, dtype=x.dtype, device=device) for x, _, _ in sets]
-                        calls = [(lambda k=kernel, s=s, o=o: k(s[0], s[1], s[2], scale, out=o,
-                                                               expected_rows=expected, check=False))
-                                 for s, o in zip(sets, outs)]
+                        calls = [(lambda k=kernel, s=s, o=o, c=scale, n=expected:
+                                  k(s[0], s[1], s[2], c, out=o, expected_rows=n, check=False))
+                                 for s, o in zip(sets, outs, strict=True)]
                         timings[label] = time_calls(device, calls, warmup, iters)
                     for label, t in timings.items():
                         out_rows.append(RequantRow(

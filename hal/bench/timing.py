@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -27,7 +27,7 @@ class Timing:
     method: str  # wall | cuda_graph | cuda_events
 
     @classmethod
-    def of(cls, seconds: Sequence[float], method: str) -> "Timing":
+    def of(cls, seconds: Sequence[float], method: str) -> Timing:
         ordered = sorted(seconds)
         pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
         return cls(statistics.median(ordered), pick(0.1), pick(0.9), len(ordered), method)

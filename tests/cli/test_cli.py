@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-import hal
 from hal.caps import Caps
 
 pytestmark = pytest.mark.cpu

@@ -3,9 +3,9 @@ import logging
 import pytest
 
 import hal
+from hal.backend import Target
 from hal.caps import Caps
 from hal.registry import Discovered, decide, discover, select_moe_kernel
-from hal.backend import Target
 from hal.verdict import Verdict
 
 pytestmark = pytest.mark.cpu

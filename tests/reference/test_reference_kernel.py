@@ -6,10 +6,9 @@ import torch
 
 import hal
 from backends.reference import ops
-from hal.testing import poison
 from hal.caps import Caps
-from hal.synth import (random_expert_map, random_masked_inputs, random_routing, random_tokens,
-                       random_weights)
+from hal.synth import random_expert_map, random_masked_inputs, random_routing, random_tokens, random_weights
+from hal.testing import poison
 
 pytestmark = pytest.mark.cpu
 

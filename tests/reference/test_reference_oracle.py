@@ -9,9 +9,8 @@ import torch
 
 import hal
 from backends.reference import ops
+from hal.synth import random_expert_map, random_masked_inputs, random_routing, random_tokens, random_weights
 from hal.testing import poison
-from hal.synth import (random_expert_map, random_masked_inputs, random_routing, random_tokens,
-                       random_weights)
 
 pytestmark = pytest.mark.cpu
 

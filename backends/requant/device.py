@@ -1,0 +1,82 @@
+"""What the requant needs to know about the GPU it runs on, taken from hal's capabilities: the warp
+size that sizes its tile and the FP8 encoding it writes. Never a literal of either."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import attrs
+import torch
+
+from backends.requant import tuning
+from hal.caps import GpuCaps
+
+FP8_DTYPES = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
+
+
+@attrs.frozen
+class DeviceTraits:
+    warp_size: int
+    fp8_dtype: torch.dtype
+    source: str  # where the two came from, for plan().describe()
+
+    @property
+    def fp8_max(self) -> float:
+        return float(torch.finfo(self.fp8_dtype).max)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_problems(gpu: Optional[GpuCaps]) -> list:
+    """Every reason these GPU capabilities cannot run the requant, as sentences."""
+    if gpu is None:
+        return ["no GPU capabilities for this device"]
+    reasons = []
+    if not gpu.warp_size:
+        why = gpu.unknown.get("warp_size", "not probed")
+        reasons.append(f"the warp size of {gpu.name or gpu.arch or 'this GPU'} is unknown ({why})")
+    if gpu.features.fp8 not in FP8_DTYPES:
+        reasons.append(f"{gpu.name or gpu.arch or 'this GPU'} ({gpu.arch}) has no FP8 e4m3 support "
+                       "that Triton converts to")
+    cc = gpu.compute_capability
+    if gpu.vendor == "nvidia" and cc is not None and cc < tuning.MIN_NVIDIA_FP8_CAPABILITY:
+        need = "sm_{}{}".format(*tuning.MIN_NVIDIA_FP8_CAPABILITY)
+        reasons.append(f"{gpu.arch} is below {need}: Triton's fp32 -> e4m3fn conversion needs {need}")
+    return reasons
+
+
+def traits_from_gpu(gpu: GpuCaps, source: str) -> DeviceTraits:
+    problems = gpu_problems(gpu)
+    if problems:
+        raise ValueError("the requant cannot run on this GPU: " + "; ".join(problems))
+    return DeviceTraits(gpu.warp_size, FP8_DTYPES[gpu.features.fp8], source)
+
+
+@functools.cache
+def _probed_traits(index: int) -> DeviceTraits:
+    import hal
+
+    caps = hal.probe(deep=True)
+    for gpu in caps.gpus:
+        if gpu.index == index:
+            return traits_from_gpu(gpu, f"hal caps of cuda:{index} ({caps.profile or 'probed'})")
+    raise ValueError(f"hal.probe() lists no GPU with index {index}: GPUs {[g.index for g in caps.gpus]}")
+
+
+def device_traits(device: torch.device, gpu: Optional[GpuCaps] = None) -> DeviceTraits:
+    """The traits for tensors on `device`: from `gpu` when given, else from hal.probe() for a GPU,
+    else the interpreter's defaults on CPU under TRITON_INTERPRET=1."""
+    if gpu is not None:
+        return traits_from_gpu(gpu, f"given caps of {gpu.name or gpu.arch}")
+    if device.type == "cuda":
+        return _probed_traits(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "cpu" and interpreting():
+        return DeviceTraits(tuning.INTERPRETER_WARP_SIZE, torch.float8_e4m3fn,
+                            "Triton interpreter (TRITON_INTERPRET=1)")
+    raise ValueError(f"x is on {device}: the requant runs on a GPU, or on CPU under "
+                     "TRITON_INTERPRET=1")

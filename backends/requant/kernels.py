@@ -1,0 +1,91 @@
+"""The requant backend's kernels: the Triton requant behind the RequantKernel API, and the W4AFP8
+masked MoE whose requant runs on Triton and whose GEMM stages run on backends.reference."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from backends.reference import dequant, ops
+from backends.requant.device import device_traits
+from backends.requant.op import GEOMETRIES, fp8_per_token_to_per_tensor
+from backends.requant.plan import MaskedMoEPlan, requant_plan
+from hal.kernel import MaskedMoEKernel, RequantKernel
+
+NAME = "requant"
+
+
+class RequantTritonKernel(RequantKernel):
+    backend = NAME
+
+    def __init__(self, spec, target, variant: str = "tuned"):
+        super().__init__(spec, target)
+        if variant not in GEOMETRIES:
+            raise ValueError(f"variant={variant!r} is not allowed: expected one of {GEOMETRIES}")
+        self.variant = variant
+        self.traits = device_traits(self.device, target.gpu)
+
+    def baselines(self) -> dict:
+        if self.variant != "tuned":
+            return {}
+        return {"legacy": RequantTritonKernel(self.spec, self.target, "legacy")}
+
+    def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
+                 check: bool = True):
+        if check:
+            want = (self.spec.num_experts, self.spec.hidden_size)
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or (x.shape[0], x.shape[2]) != want:
+                raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}: expected "
+                                 f"({want[0]}, max_m, {want[1]})")
+            if x.device != self.device:
+                raise ValueError(f"x is on {x.device}: expected {self.device}")
+        return fp8_per_token_to_per_tensor(x, x_scale, masked_m, output_scale, out, expected_rows,
+                                           geometry=self.variant, gpu=self.target.gpu, check=check)
+
+    def plan(self, max_m: int, expected_rows: Optional[int] = None):
+        return requant_plan(self.variant, self.spec.hidden_size, self.spec.num_experts, max_m,
+                            expected_rows, self.traits)
+
+
+class W4AFp8MaskedKernel(MaskedMoEKernel):
+    """DeepEP low-latency W4AFP8 MoE: the per-token-group activations are requantized to per-tensor
+    FP8 with GEMM 1's static input scale on Triton; the rest runs on backends.reference."""
+
+    backend = NAME
+
+    def __init__(self, spec, target):
+        super().__init__(spec, target)
+        self.traits = device_traits(self.device, target.gpu)
+
+    def _prepare(self, weights):
+        scale = weights.w13_input_scale.to(device=self.device, dtype=torch.float32).reshape(1)
+        value = float(scale)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"weights.w13_input_scale={value}: expected a finite value > 0")
+        dtype = torch.bfloat16
+        w13 = dequant.w13(self.spec, weights, torch.float32).to(dtype)
+        w2 = dequant.w2(self.spec, weights, torch.float32).to(dtype)
+        return dict(weights=weights, w13=w13, w2=w2, input_scale=scale)
+
+    def _run(self, x, x_scale, masked_m, data, out, expected_rows):
+        if x.dtype != self.traits.fp8_dtype:
+            raise ValueError(f"x has dtype {x.dtype}: expected {self.traits.fp8_dtype}, this device's FP8")
+        per_tensor = fp8_per_token_to_per_tensor(x, x_scale, masked_m, data["input_scale"],
+                                                 expected_rows=expected_rows, gpu=self.target.gpu,
+                                                 check=False)
+        # The reference takes per-token-group activations; per-tensor ones are the same layout with
+        # every group's scale equal to the input scale. Its own requant of them gives back
+        # `per_tensor` bit for bit: (q * s) * (1 / s) rounds to q in fp8.
+        same_scale = data["input_scale"].view(1, 1, 1).expand(x_scale.shape)
+        ops.moe_masked(self.spec, per_tensor, same_scale, masked_m, data["weights"], out,
+                       compute_dtype=torch.bfloat16,
+                       experts=lambda e: (data["w13"][e], data["w2"][e], None, None))
+
+    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+        live = rows = None
+        if masked_m is not None:
+            live, rows = int((masked_m > 0).sum()), int(masked_m.sum())
+        requant = requant_plan("tuned", self.spec.hidden_size, self.spec.local_experts,
+                               max_m if max_m is not None else 0, expected_rows, self.traits)
+        return MaskedMoEPlan(requant, live, rows)

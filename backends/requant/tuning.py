@@ -1,0 +1,76 @@
+"""Every constant behind the requant launch, with its unit and the reason for its value.
+
+The requant is memory-bound: it reads one fp8 byte and writes one fp8 byte per element, plus one
+fp32 scale per 128 elements. What matters is how many bytes each lane moves per memory instruction,
+how many programs are resident to keep bytes in flight, and how few programs exit without work."""
+
+# --- the data -------------------------------------------------------------------------------------
+
+# elements: DeepEP quantizes activations with one fp32 scale per 128 columns.
+GROUP_SIZE = 128
+# bytes per element of the fp8 payload, in and out.
+FP8_BYTES = 1
+
+# --- the tuned tile: [g_block, GROUP_SIZE] whole scale groups ------------------------------------
+
+# warps per program: 4 warps (128 lanes on a warp-32 GPU) keep a 2 KiB tile at 16 B per lane, and
+# let 16 programs share one Hopper SM (2048 threads), so decode's many tiny programs overlap.
+TUNED_WARPS = 4
+# bytes per lane per tile with many experts: 16 B is one 128-bit load per lane, the widest vector
+# load NVIDIA and AMD GPUs issue, so a tile is one memory instruction per lane.
+BYTES_PER_LANE_WIDE = 16
+# bytes per lane with few experts: halving the tile doubles the column blocks, which a grid of
+# few experts needs to put a program on every SM.
+BYTES_PER_LANE_NARROW = 8
+# experts: from this many local experts up the expert axis alone fills the GPU's SMs with
+# programs (32 experts x 4 m-programs x 4 column blocks > 132 SMs x 2), so tiles can be wide.
+WIDE_TILE_MIN_EXPERTS = 32
+
+# --- the m-grid: programs per expert along the row axis ------------------------------------------
+
+# programs per expert, lower bound: one program per expert would serialize an expert's rows when
+# the dispatch is a little uneven (several times slower in the seed's measurements at one row).
+M_GRID_MIN = 4
+# programs per expert, upper bound: the historic fixed grid, so no batch launches more programs
+# along the row axis than the old kernel did.
+M_GRID_MAX = 32
+# expert x row programs per column block while rows are scarce: about 8 resident 4-warp programs
+# on each of an H200's 132 SMs. More programs than this are mostly early exits once there are
+# fewer rows than programs.
+SCARCE_PROGRAM_BUDGET = 1024
+# rows per expert (as a power of two): below this the full m-grid would give its programs fewer
+# than two rows each, so rows are "scarce" and the program budget above applies. At and above it
+# every program carries rows and the m-grid returns to its historic 32.
+SCARCE_ROWS_BELOW = 2 * M_GRID_MAX
+
+# --- the row cap and the shared overflow phase ---------------------------------------------------
+
+# row_cap = ROW_CAP_SLACK x expected rows: rows beyond twice the average belong to a hot expert
+# and are shared by every program; ordinary variation around the average stays with its expert,
+# so the shared phase's per-row lookup is only paid under real imbalance.
+ROW_CAP_SLACK = 2
+# experts: the shared phase keeps a prefix sum over every expert's overflow in one program's
+# registers (EXPERTS_POW2 int32 values over 128 lanes); above this many local experts it would
+# cost more registers than it saves, so the cap is lifted and every row stays with its expert.
+OVERFLOW_MAX_EXPERTS = 4096
+
+# --- the legacy launch (the seed's "before", the benchmark baseline) -----------------------------
+
+# elements per tile: 1024 flat elements, i.e. 4 B per lane on 8 warps, which Triton does not
+# vectorize into 128-bit accesses; the scale was gathered once per element.
+LEGACY_TILE_ELEMENTS = 1024
+# warps per program in the old launch.
+LEGACY_WARPS = 8
+# programs per expert along rows in the old launch, whatever the batch.
+LEGACY_M_GRID = 32
+
+# --- running without a GPU -----------------------------------------------------------------------
+
+# lanes per warp assumed under TRITON_INTERPRET=1, where a program is a numpy array and has no
+# lanes: 32 gives the tiles an NVIDIA GPU gets, so interpreter tests run the H200's geometry.
+INTERPRETER_WARP_SIZE = 32
+
+# --- support -------------------------------------------------------------------------------------
+
+# NVIDIA compute capability: Triton converts fp32 to e4m3fn (cvt.rn.satfinite.e4m3x2) from sm_89.
+MIN_NVIDIA_FP8_CAPABILITY = (8, 9)
