@@ -14,12 +14,14 @@ mkdir -p "$OUT"
 python3 -m pytest -q -p no:cacheprovider -m cuda tests/requant 2>&1 | tee "$OUT/tests.txt"
 tests=$?
 
-python3 -m backends.requant.bench --json "$OUT/bench.json" "$@" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench.md"
+python3 -m hal.cli.main bench requant --iters 7 --markdown --out "$OUT/bench.json" "$@" \
+    2>"$OUT/bench_progress.txt" | tee "$OUT/bench.md"
 bench=$?
 # Decode points with DeepEP's fixed buffer (1024 rows per expert): the second phase is compiled in
 # and its bookkeeping paid even when no expert passes the cap.
-python3 -m backends.requant.bench --hidden 7168 --experts 8,256,512 --rows 1,8 --skew 1,16 \
-    --max-m-floor 1024 --json "$OUT/bench_deepep.json" 2>>"$OUT/bench_progress.txt" | tee "$OUT/bench_deepep.md"
+python3 -m hal.cli.main bench requant --hidden 7168 --experts 8,256,512 --rows 1,8 --skew 1,16 \
+    --min-max-m 1024 --iters 7 --markdown --out "$OUT/bench_deepep.json" \
+    2>>"$OUT/bench_progress.txt" | tee "$OUT/bench_deepep.md"
 bench=$((bench + $?))
 
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 \

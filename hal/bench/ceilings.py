@@ -1,15 +1,24 @@
-"""The two ceilings every figure is compared with, measured in the same run as the figure: memory
-bandwidth (a large copy, bytes read plus written) and the bf16 matrix rate (a large matmul)."""
+"""The ceilings every figure is compared with, measured in the same run as the figure: memory
+bandwidth (a large copy, bytes read plus written), the bf16 matrix rate (a large matmul) and, on a
+GPU, the time of an empty kernel launch (the floor of anything tiny)."""
 
 from __future__ import annotations
+
+import time
+from typing import Optional
 
 import attrs
 
 from hal.bench.timing import time_calls
 
 # Several times any last-level cache we target (EMR L3 up to 320 MB, H200 L2 60 MB), so the copy
-# measures memory, not cache.
-COPY_BYTES = 1 << 30
+# measures memory, not cache. The GPU copy is the size the H200's 4.3 TB/s was recorded at.
+CPU_COPY_BYTES = 1 << 30
+GPU_COPY_BYTES = 4 << 30
+# An idle GPU clocks down (345 MHz seen on the H200); keep it busy this long before timing.
+GPU_SPIN_UP_S = 0.3
+# Launches per graph when timing an empty kernel, as many as a rotated benchmark replays.
+EMPTY_LAUNCHES = 64
 CPU_MATMUL_N = 2048  # large enough for oneDNN/AMX to reach its plateau on one socket in ~10 ms
 GPU_MATMUL_N = 8192  # the size at which the H200's bf16 rate was recorded (708-790 TFLOP/s)
 
@@ -19,24 +28,50 @@ class Ceilings:
     device: str
     copy_gbps: float  # bytes read + written per second / 1e9
     bf16_tflops: float
+    launch_us: Optional[float] = None  # an empty Triton kernel under graph replay (GPU only)
 
     def describe(self) -> str:
+        launch = f", empty launch {self.launch_us:.2f} us" if self.launch_us is not None else ""
         return (f"ceilings on {self.device}, measured in this run: copy {self.copy_gbps:.0f} GB/s, "
-                f"bf16 matmul {self.bf16_tflops:.1f} TFLOP/s")
+                f"bf16 matmul {self.bf16_tflops:.1f} TFLOP/s{launch}")
+
+    def floor_s(self, bytes_moved: float = 0.0, flops: float = 0.0) -> float:
+        """The least time any kernel needs for this work here."""
+        floor = max(bytes_moved / (self.copy_gbps * 1e9), flops / (self.bf16_tflops * 1e12))
+        return max(floor, (self.launch_us or 0.0) * 1e-6)
 
 
 def measure(device: str) -> Ceilings:
-    n = CPU_MATMUL_N if device == "cpu" else GPU_MATMUL_N
-    return Ceilings(device, 2 * COPY_BYTES / _copy_seconds(device) / 1e9,
-                    2 * n**3 / _matmul_seconds(device, n) / 1e12)
+    cpu = device == "cpu"
+    n = CPU_MATMUL_N if cpu else GPU_MATMUL_N
+    copy_bytes = CPU_COPY_BYTES if cpu else GPU_COPY_BYTES
+    return Ceilings(device, 2 * copy_bytes / _copy_seconds(device, copy_bytes) / 1e9,
+                    2 * n**3 / _matmul_seconds(device, n) / 1e12,
+                    None if cpu else _empty_launch_us(device))
 
 
-def _copy_seconds(device: str) -> float:
+def _copy_seconds(device: str, nbytes: int) -> float:
     import torch
 
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=device).uniform_()
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
+    if device != "cpu":
+        start = time.perf_counter()
+        while time.perf_counter() - start < GPU_SPIN_UP_S:
+            dst.copy_(src)
+            torch.cuda.synchronize()
     return time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10).median_s
+
+
+def _empty_launch_us(device: str) -> Optional[float]:
+    try:
+        from hal.bench.empty_kernel import launch
+    except ImportError:  # no Triton: the floor is bandwidth alone
+        return None
+    import torch
+
+    scratch = torch.zeros(1, device=device)
+    return time_calls(device, [lambda: launch(scratch)] * EMPTY_LAUNCHES, warmup=2, iters=10).median_s * 1e6
 
 
 def _matmul_seconds(device: str, n: int) -> float:

@@ -11,6 +11,7 @@ from typing import Optional
 import attrs
 
 from hal.bench.ceilings import Ceilings
+from hal.bench.table import table_lines
 from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
 
 # Input sets cycled through while timing, so a decode step does not find the previous step's
@@ -121,8 +122,8 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
                 timings[label] = time_calls(device, calls, warmup, iters)
                 print(f"[hal bench] {routing:>12} M={m:<5} {label:<24} "
                       f"{timings[label].median_s * 1e6:10.1f} us", file=log, flush=True)
+            floor = ceilings.floor_s(weight_bytes, flops)
             for label, t in timings.items():
-                floor = max(weight_bytes / (ceilings.copy_gbps * 1e9), flops / (ceilings.bf16_tflops * 1e12))
                 rows.append(MoERow(
                     m, routing, label, t, weight_bytes, flops,
                     weight_bytes / t.median_s / 1e9, flops / t.median_s / 1e12, floor / t.median_s,
@@ -132,19 +133,20 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
                     baseline, tuple(rows))
 
 
-def format_table(result: MoEBench) -> str:
+def format_table(result: MoEBench, markdown: bool = False) -> str:
     s = result.spec
-    head = [f"{s.weight_format} E={s.num_experts} (local {s.local_experts}) top_k={s.top_k} "
-            f"H={s.hidden_size} I={s.intermediate_size} {s.activation}{' bias' if s.has_bias else ''} "
-            f"on {result.device}" + (f", {result.threads} threads" if result.threads else ""),
-            result.ceilings.describe(),
-            f"{'routing':>12} {'M':>5} {'variant':<26} {'median us':>10} {'GB/s':>8} {'TFLOP/s':>8} "
-            f"{'roof':>5} {'x base':>7} {'x ref':>7}  timing"]
-    for r in result.rows:
-        fmt = lambda v: f"{v:7.2f}" if v is not None else "      -"  # noqa: E731
-        head.append(f"{r.routing:>12} {r.tokens:>5} {r.variant:<26} {r.timing.median_s * 1e6:10.1f} "
-                    f"{r.gbps:8.1f} {r.tflops:8.3f} {r.roofline:5.0%} {fmt(r.vs_baseline)} "
-                    f"{fmt(r.vs_reference)}  {r.timing.method}")
+    notes = [f"{s.weight_format} E={s.num_experts} (local {s.local_experts}) top_k={s.top_k} "
+             f"H={s.hidden_size} I={s.intermediate_size} {s.activation}{' bias' if s.has_bias else ''} "
+             f"on {result.device}" + (f", {result.threads} threads" if result.threads else ""),
+             result.ceilings.describe(),
+             "GB/s: checkpoint bytes of the experts touched per call; roof: the floor time (those bytes "
+             "at the copy rate, or the flops at the bf16 rate) over the median"]
     if result.baseline:
-        head.append(f"x base: {result.baseline}'s median over the row's (> 1 is faster)")
-    return "\n".join(head)
+        notes.append(f"x base: {result.baseline}'s median over the row's (> 1 is faster)")
+    head = ("routing", "M", "variant", "median us", "GB/s", "TFLOP/s", "roof", "x base", "x ref",
+            "timing")
+    opt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    body = [(r.routing, str(r.tokens), r.variant, f"{r.timing.median_s * 1e6:.1f}", f"{r.gbps:.1f}",
+             f"{r.tflops:.3f}", f"{r.roofline:.0%}", opt(r.vs_baseline), opt(r.vs_reference),
+             r.timing.method) for r in result.rows]
+    return "\n".join(notes + [""] + table_lines(head, body, markdown))

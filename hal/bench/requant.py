@@ -11,13 +11,15 @@ from typing import Optional
 import attrs
 
 from hal.bench.ceilings import Ceilings
+from hal.bench.table import table_lines
 from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
 from hal.spec import TOKEN_GROUP
 
-# Rotate input sets until they hold this many bytes, twice the H200's 60 MB L2, so small cases
+# Rotate input sets until their live bytes reach this, twice the H200's 60 MB L2, so small cases
 # measure memory rather than the cache left warm by the previous replay.
 ROTATE_BYTES = 120 << 20
-MAX_ROTATE = 64
+MAX_ROTATE = 64  # launches per replayed graph
+MAX_SETS_BYTES = 24 << 30  # allocated inputs per point, so 512 experts x 2048 rows still fit
 
 
 @attrs.frozen
@@ -29,8 +31,10 @@ class RequantRow:
     expected_rows: int
     variant: str
     timing: Timing
+    max_m: int  # rows allocated per expert (DeepEP allocates a fixed buffer)
     bytes_moved: int  # live rows: fp8 in + fp8 out + fp32 scales
     gbps: float
+    vs_floor: float  # median over the floor (empty launch, or bytes at the copy rate): >= 1
     vs_baseline: Optional[float]
 
 
@@ -54,7 +58,8 @@ def skewed_rows(experts: int, rows: int, skew: int) -> list:
 
 
 def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: Sequence[int],
-        skews: Sequence[int], *, backend: Optional[str] = None, warmup: int = DEFAULT_WARMUP,
+        skews: Sequence[int], *, backend: Optional[str] = None, min_max_m: int = 0,
+        warmup: int = DEFAULT_WARMUP,
         iters: int = DEFAULT_ITERS, ceilings: Optional[Ceilings] = None, log=sys.stderr) -> RequantBench:
     import torch
 
@@ -76,12 +81,13 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
             for r in rows:
                 for skew in skews:
                     masked = skewed_rows(e, r, skew)
-                    max_m = max(masked)
+                    max_m = max(max(masked), min_max_m)
                     live = sum(masked)
                     expected = (live + e) // e  # what DeepEP's dispatcher reports
                     per_set = live * (2 * h + 4 * (h // TOKEN_GROUP))
                     footprint = e * max_m * (2 * h + 4 * (h // TOKEN_GROUP))
-                    rotate = max(1, min(MAX_ROTATE, ROTATE_BYTES // max(footprint, 1)))
+                    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // max(per_set, 1)),
+                                        MAX_SETS_BYTES // footprint))
                     sets = [random_masked_inputs(e, h, max_m, masked, seed=i, device=device,
                                                  fp8_dtype=main.fp8_dtype) for i in range(rotate)]
                     scale = torch.tensor([0.05], device=device)
@@ -92,9 +98,11 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
                                   k(s[0], s[1], s[2], c, out=o, expected_rows=n, check=False))
                                  for s, o in zip(sets, outs, strict=True)]
                         timings[label] = time_calls(device, calls, warmup, iters)
+                    floor = ceilings.floor_s(per_set)
                     for label, t in timings.items():
                         out_rows.append(RequantRow(
-                            h, e, r, skew, expected, label, t, per_set, per_set / t.median_s / 1e9,
+                            h, e, r, skew, expected, label, t, max_m, per_set, per_set / t.median_s / 1e9,
+                            t.median_s / floor,
                             timings[baseline].median_s / t.median_s if baseline else None))
                     best = timings[main.backend].median_s
                     print(f"[hal bench] H={h} E={e} rows={r} skew={skew}: {best * 1e6:.1f} us"
@@ -103,13 +111,15 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
     return RequantBench(device, ceilings, baseline, tuple(out_rows))
 
 
-def format_table(result: RequantBench) -> str:
-    lines = [result.ceilings.describe(),
-             f"{'H':>5} {'E':>4} {'rows':>4} {'skew':>4} {'exp':>4} {'variant':<18} {'median us':>10} "
-             f"{'GB/s':>8} {'x base':>7}  timing"]
-    for r in result.rows:
-        vs = f"{r.vs_baseline:7.2f}" if r.vs_baseline is not None else "      -"
-        lines.append(f"{r.hidden:>5} {r.experts:>4} {r.rows_per_expert:>4} {r.skew:>4} "
-                     f"{r.expected_rows:>4} {r.variant:<18} {r.timing.median_s * 1e6:10.2f} "
-                     f"{r.gbps:8.1f} {vs}  {r.timing.method}")
-    return "\n".join(lines)
+def format_table(result: RequantBench, markdown: bool = False) -> str:
+    head = ("H", "E", "rows", "skew", "expected", "max_m", "variant", "median us", "GB/s",
+            "x floor", "x base", "timing")
+    body = [(str(r.hidden), str(r.experts), str(r.rows_per_expert), str(r.skew), str(r.expected_rows),
+             str(r.max_m), r.variant, f"{r.timing.median_s * 1e6:.2f}", f"{r.gbps:.0f}",
+             f"{r.vs_floor:.2f}", "-" if r.vs_baseline is None else f"{r.vs_baseline:.2f}",
+             r.timing.method) for r in result.rows]
+    notes = [result.ceilings.describe(),
+             "x floor: median over max(empty launch, bytes / copy rate); x base: the baseline's "
+             "median over the row's (> 1 is faster)"]
+    return "\n".join(notes + [""] + table_lines(head, body, markdown))
+

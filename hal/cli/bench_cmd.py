@@ -37,6 +37,8 @@ def add_parser(sub):
     req.add_argument("--skew", type=int_list, default=int_list("1,4,16"),
                      help="the hot expert takes skew x rows; the total stays constant")
     req.add_argument("--backend")
+    req.add_argument("--min-max-m", type=int, default=0,
+                     help="allocate at least this many rows per expert, as DeepEP's fixed buffer does")
     _common(req, default_device="cuda")
     req.set_defaults(run=run_requant)
 
@@ -47,6 +49,7 @@ def _common(p, default_device="cpu"):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown (for docs/)")
     p.add_argument("--out", help="also write the JSON results to this file")
 
 
@@ -77,7 +80,7 @@ def run_moe(args) -> int:
     result = moe.run(spec, device, caps, args.tokens, args.routing, backend=args.backend,
                      threads=args.threads, warmup=args.warmup, iters=args.iters,
                      include_reference=not args.no_reference, include_others=not args.only)
-    return _emit(args, result, moe.format_table(result))
+    return _emit(args, result, moe.format_table(result, args.markdown))
 
 
 def run_requant(args) -> int:
@@ -88,5 +91,6 @@ def run_requant(args) -> int:
     device = normalize_device(args.device)
     caps = hal.probe(deep=device != "cpu")
     result = requant.run(device, caps, args.hidden, args.experts, args.rows, args.skew,
-                         backend=args.backend, warmup=args.warmup, iters=args.iters)
-    return _emit(args, result, requant.format_table(result))
+                         backend=args.backend, min_max_m=args.min_max_m, warmup=args.warmup,
+                         iters=args.iters)
+    return _emit(args, result, requant.format_table(result, args.markdown))
