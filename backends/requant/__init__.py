@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 
-from backends.requant.device import gpu_problems, interpreting
 from backends.requant.geometry import RequantGeometry, requant_launch_geometry
 from backends.requant.plan import GEMM_NOTE
+from backends.requant.support import gpu_problems, interpreting
 from hal.backend import RANK_PORTABLE_FAST, RANK_REFERENCE
 from hal.spec import MoESpec, RequantSpec
 from hal.verdict import Verdict

@@ -4,13 +4,13 @@ size that sizes its tile and the FP8 encoding it writes. Never a literal of eith
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import attrs
 import torch
 
 from backends.requant import tuning
+from backends.requant.support import gpu_problems, interpreting
 from hal.caps import GpuCaps
 
 FP8_DTYPES = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
@@ -25,29 +25,6 @@ class DeviceTraits:
     @property
     def fp8_max(self) -> float:
         return float(torch.finfo(self.fp8_dtype).max)
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def gpu_problems(gpu: Optional[GpuCaps]) -> list:
-    """Every reason these GPU capabilities cannot run the requant, as sentences."""
-    if gpu is None:
-        return ["no GPU capabilities for this device"]
-    reasons = []
-    if not gpu.warp_size:
-        why = gpu.unknown.get("warp_size", "not probed")
-        reasons.append(f"the warp size of {gpu.name or gpu.arch or 'this GPU'} is unknown ({why})")
-    if gpu.features.fp8 not in FP8_DTYPES:
-        reasons.append(f"{gpu.name or gpu.arch or 'this GPU'} ({gpu.arch}) has no FP8 e4m3 support "
-                       "that Triton converts to")
-    cc = gpu.compute_capability
-    if gpu.vendor == "nvidia" and cc is not None and cc < tuning.MIN_NVIDIA_FP8_CAPABILITY:
-        need = "sm_{}{}".format(*tuning.MIN_NVIDIA_FP8_CAPABILITY)
-        reasons.append(f"{gpu.arch} is below {need}: Triton's fp32 -> e4m3fn conversion needs {need}")
-    return reasons
 
 
 def traits_from_gpu(gpu: GpuCaps, source: str) -> DeviceTraits:

@@ -3,13 +3,15 @@ prints it: which tile, how many programs, whether rows are shared in a second ph
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import attrs
 
 from backends.requant import tuning
-from backends.requant.device import DeviceTraits
 from backends.requant.geometry import legacy_column_blocks, requant_launch_geometry
+
+if TYPE_CHECKING:  # device.py imports torch; a plan is built without it
+    from backends.requant.device import DeviceTraits
 
 GEMM_NOTE = "GEMM stages run on backends/reference until a fast W4A8 GEMM exists"
 

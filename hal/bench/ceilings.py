@@ -60,7 +60,7 @@ def _copy_seconds(device: str, nbytes: int) -> float:
         while time.perf_counter() - start < GPU_SPIN_UP_S:
             dst.copy_(src)
             torch.cuda.synchronize()
-    return time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10).median_s
+    return time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10, graph=False).median_s
 
 
 def _empty_launch_us(device: str) -> Optional[float]:

@@ -1,0 +1,110 @@
+"""What the Marlin kernels need to build, and the build itself: one hal.jit specialization per
+(activation dtype, kIsEP, kHasBias, arch), compiled for the device's own arch only."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from typing import Optional
+
+import attrs
+
+from hal.caps import GpuCaps
+
+SOURCES = ("cuda/marlin_moe.cu", "cuda/marlin_moe_binding.cpp")
+MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16 inputs and cp.async
+
+
+@attrs.frozen
+class Specialization:
+    act_dtype: str  # bfloat16 | float16
+    is_ep: bool
+    has_bias: bool
+    arch: str  # "sm_90"
+
+    @property
+    def cc_digits(self) -> str:
+        return re.sub(r"[^0-9]", "", self.arch)
+
+    def defines(self) -> dict:
+        return {"HAL_MARLIN_FP16": int(self.act_dtype == "float16"),
+                "HAL_MARLIN_IS_EP": int(self.is_ep), "HAL_MARLIN_HAS_BIAS": int(self.has_bias)}
+
+    def cuda_flags(self) -> tuple:
+        # Naming the arch also stops torch from adding its own -gencode list.
+        cc = self.cc_digits
+        return ("-gencode", f"arch=compute_{cc},code=sm_{cc}", "--expt-relaxed-constexpr")
+
+    def describe(self) -> str:
+        return (f"{self.act_dtype}, kIsEP={int(self.is_ep)}, kHasBias={int(self.has_bias)}, "
+                f"{self.arch}")
+
+
+def arch_problems(gpu: Optional[GpuCaps], device: str) -> list:
+    """Reasons the caps alone rule the GPU out (pure: works on recorded profiles)."""
+    if gpu is None:
+        return [f"no GPU capabilities are known for {device}"]
+    if gpu.vendor != "nvidia":
+        return [f"GPU {gpu.name or gpu.index} is {gpu.vendor or 'of unknown vendor'}: the Marlin "
+                "kernels use NVIDIA mma.sync and cp.async"]
+    cc = gpu.compute_capability
+    if cc is None:
+        return [f"GPU {gpu.name or gpu.index} has no known compute capability (arch={gpu.arch!r})"]
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return [f"GPU {gpu.name or gpu.index} is {gpu.arch}: the Marlin kernels need sm_80 or newer "
+                "(bf16 mma.sync m16n8k16 and cp.async)"]
+    return []
+
+
+def _nvcc() -> Optional[str]:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME or os.environ.get("CUDA_HOME")
+    candidate = os.path.join(home, "bin", "nvcc") if home else None
+    if candidate and os.path.exists(candidate):
+        return candidate
+    return shutil.which("nvcc")
+
+
+@functools.cache
+def nvcc_archs() -> tuple:
+    """(nvcc path or None, the real archs it can target, why it could not be asked)."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        return None, (), "nvcc was not found (set CUDA_HOME or put nvcc on PATH)"
+    try:
+        text = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return nvcc, (), f"{nvcc} --list-gpu-code failed: {exc}"
+    return nvcc, tuple(sorted(set(re.findall(r"sm_\d+[a-z]?", text)))), None
+
+
+def toolchain_problems(arch: str) -> list:
+    """Reasons this host cannot build for `arch` (torch without CUDA, no nvcc, nvcc too old)."""
+    import torch
+
+    problems = []
+    if torch.version.cuda is None:
+        problems.append(f"the installed torch {torch.__version__} is not a CUDA build, so the Marlin "
+                        "extension cannot be built or loaded")
+    nvcc, archs, why = nvcc_archs()
+    if why:
+        problems.append(why)
+    elif arch.rstrip("a") not in archs:
+        problems.append(f"{nvcc} cannot generate code for {arch} (it targets {', '.join(archs)})")
+    return problems
+
+
+def compile_ops(spec: Specialization):
+    """Build (or load from the cache) one specialization; returns its torch.ops namespace."""
+    import torch
+
+    from hal import jit
+
+    namespace = jit.build("marlin_moe", SOURCES, defines=spec.defines(),
+                          extra_cuda_cflags=spec.cuda_flags(), cuda=True)
+    return getattr(torch.ops, namespace)

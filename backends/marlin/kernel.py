@@ -1,0 +1,166 @@
+"""The Marlin MoE kernel object: repacks GPTQ weights once, picks the launch config per token
+bucket, and runs the whole layer (routing, two W4A16 GEMMs, activation, top-k sum) in one op."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import attrs
+import torch
+
+from backends.marlin import build, configs, repack
+from backends.marlin.plan import MarlinPlan
+from hal.caps import GpuCaps
+from hal.kernel import MoEKernel
+
+NAME = "marlin"
+ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in marlin_moe_pointwise.cuh
+
+# GpuCaps field -> torch.cuda.get_device_properties attribute, for fields a shallow probe left None.
+_TORCH_PROPERTIES = {
+    "sm_count": "multi_processor_count",
+    "smem_per_block": "shared_memory_per_block",
+    "smem_per_block_optin": "shared_memory_per_block_optin",
+    "smem_per_sm": "shared_memory_per_multiprocessor",
+    "regs_per_sm": "regs_per_multiprocessor",
+    "max_threads_per_sm": "max_threads_per_multi_processor",
+}
+
+
+@attrs.frozen
+class MarlinWeights:
+    w13: torch.Tensor  # int32 [E, w13_rows/64, H/16, 32, 4]
+    s13: torch.Tensor  # [E, G, w13_rows] activation dtype
+    w2: torch.Tensor  # int32 [E, H/64, I/16, 32, 4]
+    s2: torch.Tensor  # [E, G, H]
+    group13: int  # k elements per scale row
+    group2: int
+    b13: Optional[torch.Tensor] = None  # fp32 [E, w13_rows]
+    b2: Optional[torch.Tensor] = None  # fp32 [E, H]
+    expert_map: Optional[torch.Tensor] = None  # int32 [num_experts]
+
+
+def complete_gpu_caps(gpu: GpuCaps, device: torch.device) -> GpuCaps:
+    """Fill the occupancy fields a shallow (NVML) probe leaves None from the CUDA runtime; only
+    called where the kernel is about to run on that GPU."""
+    missing = {f: p for f, p in _TORCH_PROPERTIES.items() if getattr(gpu, f) is None}
+    if not missing or device.type != "cuda":
+        return gpu
+    props = torch.cuda.get_device_properties(device)
+    found = {f: getattr(props, p) for f, p in missing.items() if hasattr(props, p)}
+    return attrs.evolve(gpu, **found)
+
+
+class MarlinMoEKernel(MoEKernel):
+    backend = NAME
+
+    def __init__(self, spec, target, *, policy: str = "occupancy", runtime_branch: bool = False):
+        super().__init__(spec, target)
+        if policy not in configs.POLICIES:
+            raise ValueError(f"policy={policy!r} is not allowed: expected one of "
+                             + ", ".join(configs.POLICIES))
+        self.policy = policy
+        self.runtime_branch = runtime_branch
+        if runtime_branch:
+            self.variant = "runtime_branch"
+        elif policy != "occupancy":
+            self.variant = policy
+        gpu = target.gpu
+        arch = gpu.arch if gpu is not None and gpu.arch else "sm_90"
+        # The seed's "before": one build with both branches compiled in and decided at run time.
+        self.specialization = build.Specialization(spec.act_dtype, spec.is_ep or runtime_branch,
+                                                   spec.has_bias or runtime_branch, arch)
+        self._lock = threading.Lock()
+        self._ops = None
+        self._attrs: Optional[dict] = None
+        self._gpu: Optional[GpuCaps] = None
+        self._choices: dict = {}
+
+    def baselines(self) -> dict:
+        if self.variant != "default":
+            return {}
+        return {"first_valid": MarlinMoEKernel(self.spec, self.target, policy="first_valid"),
+                "runtime_branch": MarlinMoEKernel(self.spec, self.target, runtime_branch=True)}
+
+    # --- build ---------------------------------------------------------------------------------
+    def compile(self) -> tuple:
+        """Build or load this kernel's specialization (hal build calls this); returns what it built."""
+        self.loaded_ops()
+        return (f"marlin_moe ({self.specialization.describe()})",)
+
+    def loaded_ops(self):
+        """The specialization's ops, built on first use, with its kernels' attributes read."""
+        if self._ops is not None:
+            return self._ops
+        with self._lock:
+            if self._ops is None:
+                ops = build.compile_ops(self.specialization)
+                with torch.cuda.device(self.device):
+                    rows = ops.kernel_attributes().tolist()
+                stale = configs.check_table_matches(rows)
+                if stale:
+                    raise RuntimeError(f"marlin: {stale}; clear HAL_CACHE_DIR and rebuild")
+                self._attrs = configs.attrs_table(rows)
+                self._gpu = complete_gpu_caps(self.target.gpu, self.device)
+                self._ops = ops
+        return self._ops
+
+    def kernel_attributes(self) -> dict:
+        self.loaded_ops()
+        return dict(self._attrs)
+
+    # --- weights -------------------------------------------------------------------------------
+    def _prepare(self, weights) -> MarlinWeights:
+        spec = self.spec
+        expert_map = weights.expert_map
+        if expert_map is not None and not self.specialization.is_ep and bool((expert_map < 0).any()):
+            raise ValueError("weights.expert_map maps experts to -1 (not local) but the spec has no "
+                             "expert parallelism: set num_local_experts < num_experts")
+        H, I = spec.hidden_size, spec.intermediate_size
+        whole = spec.group_size == -1
+        bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
+        return MarlinWeights(
+            w13=repack.repack(weights.w13, "weights.w13"),
+            s13=weights.w13_scale.contiguous(),
+            w2=repack.repack(weights.w2, "weights.w2"),
+            s2=weights.w2_scale.contiguous(),
+            group13=H if whole else spec.group_size,
+            group2=I if whole else spec.group_size,
+            b13=bias(weights.b13),
+            b2=bias(weights.b2),
+            expert_map=None if expert_map is None else expert_map.contiguous(),
+        )
+
+    # --- per call ------------------------------------------------------------------------------
+    def _choice(self, tokens: int) -> configs.LayerChoice:
+        bucket = configs.token_bucket(tokens)
+        choice = self._choices.get(bucket)
+        if choice is None:
+            self.loaded_ops()
+            choice = configs.choose_layer(self._gpu, self._attrs, self.spec, bucket, self.policy)
+            self._choices[bucket] = choice
+        return choice
+
+    def plan(self, topk_ids) -> MarlinPlan:
+        tokens = topk_ids if isinstance(topk_ids, int) else int(topk_ids.shape[0])
+        choice = self._choice(tokens)
+        bm = choice.block_m
+        return MarlinPlan(tokens=tokens, tokens_bucket=choice.tokens_bucket, block_m=bm,
+                          expected_blocks=configs.expected_blocks(self.spec, tokens, bm),
+                          max_blocks=configs.max_blocks(self.spec, tokens, bm),
+                          grid_m=configs.grid_m(self.spec, tokens, bm), gemm13=choice.gemm13,
+                          gemm2=choice.gemm2, policy=self.policy,
+                          specialization=self.specialization.describe())
+
+    def _run(self, x, topk_weights, topk_ids, data: MarlinWeights, out) -> None:
+        spec = self.spec
+        ops = self.loaded_ops()
+        choice = self._choice(x.shape[0])
+        weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+        ops.moe(x, weights.contiguous(), topk_ids.contiguous(), data.w13, data.s13, data.w2, data.s2,
+                data.b13, data.b2, data.expert_map, out, spec.num_experts, spec.intermediate_size,
+                data.group13, data.group2, choice.gemm13.config.index, choice.gemm13.splits,
+                choice.gemm2.config.index, choice.gemm2.splits,
+                configs.grid_m(spec, x.shape[0], choice.block_m), ACTIVATION_CODES[spec.activation],
+                float(spec.swiglu_alpha), float(spec.swiglu_limit))

@@ -1,0 +1,29 @@
+"""The per-call decision of the Marlin MoE kernel, as `kernel.plan(topk_ids)` and `hal select
+--tokens N` show it."""
+
+from __future__ import annotations
+
+import attrs
+
+from backends.marlin.configs import GemmChoice
+
+
+@attrs.frozen
+class MarlinPlan:
+    tokens: int
+    tokens_bucket: int
+    block_m: int
+    expected_blocks: int  # MoE blocks under uniform routing (the grid is sized for the worst case)
+    max_blocks: int
+    grid_m: int  # thread blocks along M; each walks the MoE blocks grid_m apart
+    gemm13: GemmChoice
+    gemm2: GemmChoice
+    policy: str  # occupancy | first_valid
+    specialization: str  # dtype, kIsEP, kHasBias, arch of the build that runs
+
+    def describe(self) -> str:
+        return (f"marlin ({self.specialization}, policy {self.policy}): {self.tokens} tokens "
+                f"(bucket {self.tokens_bucket}), block_m {self.block_m}, ~{self.expected_blocks} "
+                f"MoE blocks (worst case {self.max_blocks}, grid {self.grid_m} along M); route -> GEMM1 "
+                f"[{self.gemm13.describe()}] -> activation -> GEMM2 [{self.gemm2.describe()}] "
+                "-> top-k sum")

@@ -1,0 +1,366 @@
+// Marlin-style W4A16 grouped GEMM over MoE blocks. Free of torch headers: it compiles standalone
+// (nvcc -std=c++17 -arch=sm_90 -c) and the launchers in marlin_moe.cu instantiate it.
+//
+// One thread block computes C[route, n0 : n0 + TN] for the BM routed rows of one MoE block and
+// one K slice. The product runs transposed: the weight tile is the mma A operand (16 output
+// channels x 16 k) and the activations are the B operand (16 k x 8 tokens), so a block of 8 rows
+// fills an m16n8k16 tile with no padding.
+//
+// Repacked weight layout (backends/marlin/repack.py writes it):
+//   int32 [E][N/64][K/16][32 lanes][4 words]; word j of lane l = g*4 + t holds the 8 nibbles of
+//   the 16x16 tile (n = n64*64 + j*16 + {g, g+8}, k = k16*16 + {2t, 2t+1, 2t+8, 2t+9}) at nibble
+//   positions chosen so that (word >> 4i) & 0x000f000f is register i of the mma A fragment.
+// A warp's 16-byte loads therefore cover 512 contiguous bytes, one stage of a 64-column slab is
+// thread_k / 16 such pieces back to back, and a thread dequantizes a whole A fragment from one
+// 32-bit word with 4 shift/lop3/sub/mul quadruples.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace hal_marlin {
+
+template <typename T>
+struct GemmParams {
+  const T* a;                 // activations, rows of k elements
+  int a_route_div;            // A row of a route: route / a_route_div (top_k for GEMM 1, 1 for GEMM 2)
+  const int4* w;              // repacked weights (layout above)
+  const T* scales;            // [E][k / group][n]
+  int group;                  // k elements per scale row (128, or k for per-channel)
+  const float* bias;          // [E][n] or null
+  const float* route_weight;  // [routes] (topk weight of each route) or null
+  const int* sorted_routes;   // [max_blocks * BM], padding holds `routes`
+  const int* block_expert;    // [max_blocks] local expert of each block, -1 when not local
+  const int* num_blocks;      // [1] blocks the routing produced
+  // Output row of a route: c + split * c_split_stride + (route / c_row_div) * n. Either one
+  // partial sum per K split, stored (GEMM 1: the activation kernel adds the splits), or a sum
+  // over splits and top-k routes by fp32 atomics (GEMM 2 into the token's row).
+  float* c;
+  size_t c_split_stride;
+  int c_row_div;
+  bool c_atomic;
+  int routes;                 // tokens * top_k, also the padding sentinel
+  int n;
+  int k;
+  int k_slice;                // k per split (gridDim.z splits)
+};
+
+template <typename T>
+struct DtypeOps;
+
+template <>
+struct DtypeOps<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  // 0x4300 is 128.0 in bf16 with a mantissa step of 1: OR-ing a nibble into the low mantissa bits
+  // gives 128 + q exactly; subtracting 136 = 128 + 8 leaves the signed uint4b8 value q - 8.
+  static constexpr uint32_t kMagic = 0x43004300u;
+  __device__ static T2 offset() { return __floats2bfloat162_rn(136.f, 136.f); }
+  __device__ static T2 pair(__nv_bfloat16 v) { return __halves2bfloat162(v, v); }
+  __device__ static void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <>
+struct DtypeOps<__half> {
+  using T2 = __half2;
+  // 0x6400 is 1024.0 in fp16 with a mantissa step of 1: 1024 + q, minus 1032 = q - 8, exactly.
+  static constexpr uint32_t kMagic = 0x64006400u;
+  __device__ static T2 offset() { return __floats2half2_rn(1032.f, 1032.f); }
+  __device__ static T2 pair(__half v) { return __halves2half2(v, v); }
+  __device__ static void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that skips L1; src_bytes = 0 fills the destination with zeros
+// and reads nothing (padding rows of a MoE block).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;  // (a & b) | c in one instruction: immLut = (0xF0 & 0xCC) | 0xAA
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <typename T>
+__device__ __forceinline__ void dequant_fragment(uint32_t q, typename DtypeOps<T>::T2 scale_lo,
+                                                 typename DtypeOps<T>::T2 scale_hi, uint32_t* frag) {
+  using Ops = DtypeOps<T>;
+  using T2 = typename Ops::T2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t biased = lop3_and_or(q >> (4 * i), 0x000f000fu, Ops::kMagic);
+    T2 v = *reinterpret_cast<const T2*>(&biased);
+    v = __hmul2(__hsub2(v, Ops::offset()), (i & 1) ? scale_hi : scale_lo);
+    frag[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Compile-time geometry of one config; the host side reads kSmemBytes to launch it.
+template <int BM, int TK, int TN, int THREADS, int STAGES>
+struct Tile {
+  static constexpr int kWarps = THREADS / 32;
+  static constexpr int kWarpsN = TN / 64;
+  static constexpr int kWarpsK = kWarps / kWarpsN;
+  static constexpr int kStepsPerWarp = TK / 16 / kWarpsK;
+  static constexpr int kTokenTiles = BM / 8;
+  static constexpr int kAChunksPerRow = TK / 8;  // 16-byte chunks of one activation row
+  static constexpr int kAUnits = BM * kAChunksPerRow;
+  static constexpr int kWUnits = (TK / 16) * kWarpsN * 32;
+  static constexpr int kSUnits = TN / 8;
+  static constexpr int kStageUnits = kAUnits + kWUnits + kSUnits;
+  static constexpr int kAccPerThread = 4 * kTokenTiles * 4;
+  static constexpr int kPipeBytes = STAGES * kStageUnits * 16;
+  static constexpr int kReduceBytes = kWarpsK > 1 ? kWarpsN * kAccPerThread * 32 * 4 : 0;
+  static constexpr int kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
+
+  static_assert(BM == 8 || BM % 16 == 0, "block_m is 8 or a multiple of 16");
+  static_assert(TK == 64 || TK == 128, "thread_k divides the 128 scale group and is >= 64");
+  static_assert(TN % 64 == 0 && kWarps % kWarpsN == 0, "each warp owns 64 columns");
+  static_assert((TK / 16) % kWarpsK == 0, "k16 steps split evenly over the K warps");
+  static_assert(kWUnits % THREADS == 0 && kSUnits <= THREADS, "loads split evenly");
+};
+
+// One MoE block: C[routes of the block, n0 : n0 + TN] over one K slice.
+template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kHasBias>
+__device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int expert, int4* smem,
+                                           const int* s_routes) {
+  using Ops = DtypeOps<T>;
+  using T2 = typename Ops::T2;
+  using G = Tile<BM, TK, TN, THREADS, STAGES>;
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.y * TN;
+  const int k_begin = blockIdx.z * p.k_slice;
+  const int k_tiles = p.k_slice / TK;
+
+  // Each thread copies the same activation chunks in every stage: resolve their rows once.
+  constexpr int kAIters = (G::kAUnits + THREADS - 1) / THREADS;
+  const T* a_src[kAIters];
+  bool a_valid[kAIters];
+  int a_dst[kAIters];
+#pragma unroll
+  for (int i = 0; i < kAIters; ++i) {
+    const int c = tid + i * THREADS;
+    const int row = c / G::kAChunksPerRow;
+    const int col = c % G::kAChunksPerRow;
+    const int route = c < G::kAUnits ? s_routes[row] : p.routes;
+    a_valid[i] = route < p.routes;
+    a_src[i] = p.a + (a_valid[i] ? static_cast<size_t>(route / p.a_route_div) * p.k : 0) + k_begin +
+               col * 8;
+    // XOR swizzle of the 16-byte chunks so that ldmatrix's 8 rows hit 8 distinct bank groups.
+    a_dst[i] = c < G::kAUnits ? row * G::kAChunksPerRow + (col ^ (row & 7)) : -1;
+  }
+
+  const size_t k16_total = p.k / 16;
+  const size_t n64_total = p.n / 64;
+  const int4* w_expert = p.w + static_cast<size_t>(expert) * k16_total * n64_total * 32;
+  const T* s_expert = p.scales + static_cast<size_t>(expert) * (p.k / p.group) * p.n + n0;
+
+  auto load_stage = [&](int stage, int kt) {
+    int4* s_a = smem + stage * G::kStageUnits;
+    int4* s_w = s_a + G::kAUnits;
+    int4* s_s = s_w + G::kWUnits;
+    const int k0 = k_begin + kt * TK;
+#pragma unroll
+    for (int i = 0; i < kAIters; ++i) {
+      if (a_dst[i] >= 0) cp_async16(s_a + a_dst[i], a_src[i] + kt * TK, a_valid[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < G::kWUnits / THREADS; ++i) {
+      const int u = tid + i * THREADS;
+      const int k16 = u / (G::kWarpsN * 32);
+      const int rem = u % (G::kWarpsN * 32);
+      const size_t src = ((n0 / 64 + rem / 32) * k16_total + k0 / 16 + k16) * 32 + rem % 32;
+      cp_async16(s_w + u, w_expert + src, true);
+    }
+    if (tid < G::kSUnits) {
+      cp_async16(s_s + tid, s_expert + static_cast<size_t>(k0 / p.group) * p.n + tid * 8, true);
+    }
+  };
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int wn = warp % G::kWarpsN;
+  const int wk = warp / G::kWarpsN;
+  const int g = lane / 4;
+  const int t4 = lane % 4;
+
+  float acc[4][G::kTokenTiles][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int tt = 0; tt < G::kTokenTiles; ++tt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[j][tt][c] = 0.f;
+
+  auto compute_stage = [&](int stage) {
+    const int4* s_a = smem + stage * G::kStageUnits;
+    const int4* s_w = s_a + G::kAUnits;
+    const T* s_s = reinterpret_cast<const T*>(s_w + G::kWUnits);
+    T2 scale_lo[4], scale_hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      scale_lo[j] = Ops::pair(s_s[wn * 64 + j * 16 + g]);
+      scale_hi[j] = Ops::pair(s_s[wn * 64 + j * 16 + g + 8]);
+    }
+#pragma unroll
+    for (int step = 0; step < G::kStepsPerWarp; ++step) {
+      const int ks = wk + step * G::kWarpsK;
+      const int4 q = s_w[(ks * G::kWarpsN + wn) * 32 + lane];
+      uint32_t b[G::kTokenTiles][2];
+      if constexpr (G::kTokenTiles == 1) {
+        const int tok = lane & 7;
+        const int kc = ks * 2 + ((lane >> 3) & 1);
+        const uint32_t addr = smem_addr(s_a + tok * G::kAChunksPerRow + (kc ^ (tok & 7)));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(b[0][0]), "=r"(b[0][1])
+                     : "r"(addr));
+      } else {
+#pragma unroll
+        for (int tp = 0; tp < G::kTokenTiles / 2; ++tp) {
+          const int tok = tp * 16 + ((lane >> 4) << 3) + (lane & 7);
+          const int kc = ks * 2 + ((lane >> 3) & 1);
+          const uint32_t addr = smem_addr(s_a + tok * G::kAChunksPerRow + (kc ^ (tok & 7)));
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(b[2 * tp][0]), "=r"(b[2 * tp][1]), "=r"(b[2 * tp + 1][0]),
+                         "=r"(b[2 * tp + 1][1])
+                       : "r"(addr));
+        }
+      }
+      const uint32_t words[4] = {static_cast<uint32_t>(q.x), static_cast<uint32_t>(q.y),
+                                 static_cast<uint32_t>(q.z), static_cast<uint32_t>(q.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t frag[4];
+        dequant_fragment<T>(words[j], scale_lo[j], scale_hi[j], frag);
+#pragma unroll
+        for (int tt = 0; tt < G::kTokenTiles; ++tt) Ops::mma(acc[j][tt], frag, b[tt]);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for everyone; stage kt-1 is no longer read
+    const int next = kt + STAGES - 1;
+    if (next < k_tiles) load_stage(next % STAGES, next);
+    cp_async_commit();
+    compute_stage(kt % STAGES);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Warps that split K hand their partial sums to the first K warp, one round per K warp, so the
+  // reduction buffer needs only one slot per N warp.
+  if constexpr (G::kWarpsK > 1) {
+    float* red = reinterpret_cast<float*>(smem);
+#pragma unroll 1
+    for (int r = 1; r < G::kWarpsK; ++r) {
+      if (wk == r) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int tt = 0; tt < G::kTokenTiles; ++tt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              red[(wn * G::kAccPerThread + (j * G::kTokenTiles + tt) * 4 + c) * 32 + lane] =
+                  acc[j][tt][c];
+      }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int tt = 0; tt < G::kTokenTiles; ++tt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              acc[j][tt][c] +=
+                  red[(wn * G::kAccPerThread + (j * G::kTokenTiles + tt) * 4 + c) * 32 + lane];
+      }
+      __syncthreads();
+    }
+  }
+  if (wk != 0) return;  // the first K warp of each N warp writes
+
+  float* c_split = p.c + blockIdx.z * p.c_split_stride;
+#pragma unroll
+  for (int tt = 0; tt < G::kTokenTiles; ++tt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int route = s_routes[tt * 8 + t4 * 2 + half];
+      if (route >= p.routes) continue;  // padding row of the block
+      const float weight = p.route_weight != nullptr ? p.route_weight[route] : 1.f;
+      float* c_row = c_split + static_cast<size_t>(route / p.c_row_div) * p.n;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int n = n0 + wn * 64 + j * 16 + g + hi * 8;
+          float v = acc[j][tt][hi * 2 + half];
+          if constexpr (kHasBias) {
+            if (p.bias != nullptr && blockIdx.z == 0) v += p.bias[static_cast<size_t>(expert) * p.n + n];
+          }
+          v *= weight;
+          if (p.c_atomic) {
+            atomicAdd(c_row + n, v);
+          } else {
+            c_row[n] = v;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kIsEP, bool kHasBias>
+__global__ void __launch_bounds__(THREADS) marlin_moe_gemm(const GemmParams<T> p) {
+  extern __shared__ int4 smem[];
+  __shared__ int s_routes[BM];
+  const int tid = threadIdx.x;
+  const int num_blocks = *p.num_blocks;
+  // The grid holds about as many blocks in x as the planner expects MoE blocks (the routing's
+  // count is on the device); each thread block walks the MoE blocks gridDim.x apart, so any
+  // routing is covered and no launch is sized for the worst case.
+  for (int block = blockIdx.x; block < num_blocks; block += gridDim.x) {
+    const int expert = p.block_expert[block];
+    if constexpr (kIsEP) {
+      if (expert < 0) continue;  // every route of this block goes to another rank's expert
+    }
+    __syncthreads();  // the previous MoE block is done with shared memory and s_routes
+    if (tid < BM) s_routes[tid] = p.sorted_routes[block * BM + tid];
+    __syncthreads();
+    gemm_block<T, BM, TK, TN, THREADS, STAGES, kHasBias>(p, expert, smem, s_routes);
+  }
+}
+
+}  // namespace hal_marlin

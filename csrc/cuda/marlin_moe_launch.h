@@ -1,0 +1,91 @@
+// Host interface of the Marlin MoE kernels, free of torch headers: marlin_moe.cu implements it for
+// the one specialization it is compiled as (activation dtype, kIsEP, kHasBias from -D flags), and
+// marlin_moe_binding.cpp exposes it as TORCH_LIBRARY ops.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace hal_marlin {
+
+// One compiled GEMM config and what the compiler made of it (cudaFuncGetAttributes).
+struct KernelInfo {
+  int block_m, thread_k, thread_n, threads, stages;
+  int dynamic_smem;  // bytes the launch asks for
+  int num_regs, static_smem, local_bytes, max_threads;
+};
+
+int num_configs();
+cudaError_t kernel_info(int config, KernelInfo* info);
+
+// Device pointers of one MoE block GEMM (see GemmParams in marlin_moe_gemm.cuh).
+struct GemmProblem {
+  const void* a;
+  int a_route_div;
+  const void* w;
+  const void* scales;
+  int group;
+  const float* bias;
+  const float* route_weight;
+  const int* sorted_routes;
+  const int* block_expert;
+  const int* num_blocks;
+  float* c;
+  size_t c_split_stride;  // floats between the partials of two K splits (0: atomics)
+  int c_row_div;
+  bool c_atomic;
+  int routes, n, k;
+  int grid_m;  // thread blocks along the MoE blocks (each walks blocks grid_m apart)
+  int config, splits;
+};
+
+cudaError_t run_gemm(const GemmProblem& g, cudaStream_t stream);
+
+struct RouteProblem {
+  const void* topk_ids;
+  bool ids_int64;
+  int routes, num_experts, block_m;
+  const int* expert_map;  // null without expert parallelism
+  int* sorted_routes;     // [max_blocks * block_m]
+  int* block_expert;      // [max_blocks]
+  int* num_blocks;        // [1]
+  int* route_expert;      // [routes]
+};
+
+cudaError_t run_route(const RouteProblem& r, cudaStream_t stream);
+
+// Whole layer: route, GEMM 1 (K-split partials), activation (sums the partials, zeroes acc),
+// GEMM 2 (weighted by topk_weights, atomically summed per token), rounding to the dtype.
+struct MoeProblem {
+  const void* x;
+  const float* topk_weights;
+  const void* topk_ids;
+  bool ids_int64;
+  const void* w13;
+  const void* s13;
+  int group13;
+  const void* w2;
+  const void* s2;
+  int group2;
+  const float* b13;
+  const float* b2;
+  const int* expert_map;
+  void* out;
+  int tokens, top_k, num_experts, hidden, inter, w13_rows;
+  int config13, splits13, config2, splits2;
+  int activation;  // Activation in marlin_moe_pointwise.cuh
+  float alpha, limit;
+  int grid_m;  // see GemmProblem
+  // workspace, sized for the worst-case block count
+  int* sorted_routes;
+  int* block_expert;
+  int* num_blocks;
+  int* route_expert;
+  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split
+  void* a2;    // [routes][inter], activation dtype
+  float* acc;  // [tokens][hidden], GEMM 2's fp32 sums over splits and top-k routes
+};
+
+cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream);
+
+}  // namespace hal_marlin

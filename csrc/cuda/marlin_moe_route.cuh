@@ -1,0 +1,79 @@
+// Sorted-token routing on the GPU: groups the (token, slot) routes by expert and pads each
+// expert's group to a multiple of block_m, so every MoE block of the GEMM reads one expert.
+// One thread block does it all (counts in shared memory, one block-wide scan), which keeps the
+// hot path free of host synchronization: the GEMM grid is sized for the worst case and blocks past
+// *num_blocks return at once.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <stdint.h>
+
+namespace hal_marlin {
+
+constexpr int kRouteThreads = 1024;
+
+// Shared memory: 2 ints per global expert (route count, then first block of the expert).
+template <typename IdT>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route(const IdT* __restrict__ topk_ids, int routes, int num_experts,
+              const int* __restrict__ expert_map, int block_m, int* __restrict__ sorted_routes,
+              int* __restrict__ block_expert, int* __restrict__ num_blocks,
+              int* __restrict__ route_expert) {
+  extern __shared__ int route_smem[];
+  int* counts = route_smem;
+  int* first_block = route_smem + num_experts;
+  using Scan = cub::BlockScan<int, kRouteThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  const int tid = threadIdx.x;
+
+  for (int e = tid; e < num_experts; e += kRouteThreads) counts[e] = 0;
+  __syncthreads();
+  for (int r = tid; r < routes; r += kRouteThreads) atomicAdd(&counts[static_cast<int>(topk_ids[r])], 1);
+  __syncthreads();
+
+  // Each thread owns a contiguous run of experts, so a block-wide scan orders all blocks. Blocks of
+  // local experts come first: the GEMMs walk blocks in order, so the work spreads evenly over
+  // their grid, and the blocks of other ranks' experts (-1, skipped under kIsEP) trail.
+  const int per_thread = (num_experts + kRouteThreads - 1) / kRouteThreads;
+  const int e_begin = min(tid * per_thread, num_experts);
+  const int e_end = min(e_begin + per_thread, num_experts);
+  auto local_of = [&](int e) { return expert_map != nullptr ? expert_map[e] : e; };
+  int my_local = 0;
+  int my_remote = 0;
+  for (int e = e_begin; e < e_end; ++e) {
+    const int blocks = (counts[e] + block_m - 1) / block_m;
+    if (local_of(e) >= 0) {
+      my_local += blocks;
+    } else {
+      my_remote += blocks;
+    }
+  }
+  int run_local = 0, total_local = 0, run_remote = 0, total_remote = 0;
+  Scan(scan_storage).ExclusiveSum(my_local, run_local, total_local);
+  __syncthreads();  // the scan's temporary storage is reused
+  Scan(scan_storage).ExclusiveSum(my_remote, run_remote, total_remote);
+  run_remote += total_local;
+  const int total = total_local + total_remote;
+  for (int e = e_begin; e < e_end; ++e) {
+    const int blocks = (counts[e] + block_m - 1) / block_m;
+    const int local = local_of(e);
+    int& run = local >= 0 ? run_local : run_remote;
+    first_block[e] = run;
+    for (int b = 0; b < blocks; ++b) block_expert[run + b] = local;
+    run += blocks;
+  }
+  if (tid == 0) *num_blocks = total;
+  for (int i = tid; i < total * block_m; i += kRouteThreads) sorted_routes[i] = routes;
+  __syncthreads();  // padding written and first_block known before the scatter overwrites slots
+
+  for (int e = tid; e < num_experts; e += kRouteThreads) counts[e] = 0;
+  __syncthreads();
+  for (int r = tid; r < routes; r += kRouteThreads) {
+    const int e = static_cast<int>(topk_ids[r]);
+    const int slot = atomicAdd(&counts[e], 1);
+    sorted_routes[first_block[e] * block_m + slot] = r;
+    route_expert[r] = local_of(e);
+  }
+}
+
+}  // namespace hal_marlin

@@ -1,0 +1,211 @@
+"""Launch-config choice and check() on recorded profiles with synthetic kernel attributes: pure
+Python, runs anywhere."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import hal
+from backends.marlin import backend, build, configs
+from hal.backend import Target
+from hal.presets import PRESETS
+
+pytestmark = [pytest.mark.cpu, pytest.mark.profiles]
+
+TOKENS = (1, 8, 32, 64, 256, 2048, 9000)
+
+
+def nvidia_profiles():
+    out = []
+    for name in hal.profiles():
+        caps = hal.probe(profile=name)
+        if any(g.vendor == "nvidia" for g in caps.gpus):
+            out.append(name)
+    return out
+
+
+def synthetic_attrs(regs_per_row: float = 3.0, base_regs: int = 40, static_per_row: int = 4) -> dict:
+    """Register use grows with the accumulator (block_m), as ptxas reports for these kernels."""
+    return {c.index: configs.KernelAttrs(num_regs=min(255, int(base_regs + regs_per_row * c.block_m)),
+                                         static_smem=static_per_row * c.block_m,
+                                         dynamic_smem=c.pipeline_smem_bytes())
+            for c in configs.candidates()}
+
+
+def shapes():
+    deepseek = PRESETS["deepseek-v3"].spec("int4_g128", num_local_experts=32)
+    return {"mixtral": PRESETS["mixtral-8x7b"].spec("int4_g128"),
+            "qwen3": PRESETS["qwen3-30b-a3b"].spec("int4_g128"),
+            "deepseek-ep8": deepseek,
+            "relu2-per-channel": hal.MoESpec(64, 4, 1024, 640, "int4_g128", "relu2", group_size=-1)}
+
+
+def test_header_is_the_candidate_table():
+    cands = configs.candidates()
+    assert len(cands) == 5 * 6
+    assert [c.index for c in cands] == list(range(len(cands)))
+    assert {c.block_m for c in cands} == set(configs.BLOCK_M_CHOICES)
+    big = next(c for c in cands if (c.block_m, c.thread_k, c.thread_n, c.threads) == (64, 128, 128, 256))
+    # 4 stages x (64x128 bf16 activations + 128x128 int4 weights + 128 scales)
+    assert big.pipeline_smem_bytes() == 4 * (64 * 128 * 2 + 128 * 128 // 2 + 128 * 2)
+
+
+@pytest.mark.parametrize("profile", nvidia_profiles())
+@pytest.mark.parametrize("shape", sorted(shapes()))
+@pytest.mark.parametrize("policy", configs.POLICIES)
+def test_choice_is_launchable_everywhere(profile, shape, policy):
+    gpu = hal.probe(profile=profile).gpus[0]
+    spec = shapes()[shape]
+    table = synthetic_attrs()
+    optin = gpu.smem_per_block_optin
+    for tokens in TOKENS:
+        bucket = configs.token_bucket(tokens)
+        layer = configs.choose_layer(gpu, table, spec, bucket, policy)
+        assert layer.block_m == configs.block_m_for(spec, bucket)
+        cap = configs.SMALL_M_BLOCK_CAP if bucket <= configs.SMALL_M_TOKENS else configs.LARGE_M_BLOCK_CAP
+        for choice, n, k in ((layer.gemm13, spec.w13_rows, spec.hidden_size),
+                             (layer.gemm2, spec.hidden_size, spec.intermediate_size)):
+            c = choice.config
+            a = table[c.index]
+            assert a.static_smem + a.dynamic_smem <= optin, f"{c} exceeds {optin} B on {profile}"
+            assert c.block_m == layer.block_m
+            assert n % c.thread_n == 0 and k % (choice.splits * c.thread_k) == 0
+            assert 1 <= choice.blocks_per_sm <= cap
+
+
+@pytest.mark.parametrize("shape", sorted(shapes()))
+def test_occupancy_never_below_first_valid(shape):
+    gpu = hal.probe(profile="h200").gpus[0]
+    spec = shapes()[shape]
+    table = synthetic_attrs()
+    for tokens in TOKENS:
+        occ = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens), "occupancy")
+        first = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens), "first_valid")
+        assert occ.gemm13.blocks_per_sm >= first.gemm13.blocks_per_sm
+        assert occ.gemm2.blocks_per_sm >= first.gemm2.blocks_per_sm
+
+
+def test_rtx5090_never_gets_a_config_over_99_kib():
+    gpu = hal.probe(profile="rtx5090").gpus[0]
+    assert gpu.smem_per_block_optin == 99 * 1024
+    spec = PRESETS["qwen3-30b-a3b"].spec("int4_g128")
+    # Make the big-tile config the most attractive one on registers, so only its shared memory
+    # (133 KB at block_m 64) can rule it out.
+    table = synthetic_attrs()
+    big = [c for c in configs.candidates() if c.pipeline_smem_bytes() > gpu.smem_per_block_optin]
+    assert big, "the candidate table should hold a config that does not fit 99 KiB"
+    for c in big:
+        table[c.index] = attrs.evolve(table[c.index], num_regs=32)
+    for tokens in TOKENS:
+        layer = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
+        for choice in (layer.gemm13, layer.gemm2):
+            assert choice.config not in big
+    h200 = hal.probe(profile="h200").gpus[0]
+    for c in big:  # they do launch where 227 KiB are available, and not on the 5090
+        assert configs.blocks_per_sm(h200, c, table[c.index], 4)[0] >= 1
+        assert configs.blocks_per_sm(gpu, c, table[c.index], 4) == (0, "smem")
+
+
+def test_register_bound_config_loses_to_lighter_one():
+    gpu = hal.probe(profile="h100").gpus[0]
+    spec = PRESETS["mixtral-8x7b"].spec("int4_g128")
+    table = synthetic_attrs()
+    layer = configs.choose_layer(gpu, table, spec, 1)
+    heavy = layer.gemm13.config
+    table[heavy.index] = attrs.evolve(table[heavy.index], num_regs=255)
+    again = configs.choose_layer(gpu, table, spec, 1)
+    assert again.gemm13.config != heavy
+    per_sm, limiter = configs.blocks_per_sm(gpu, heavy, table[heavy.index], 4)
+    assert limiter == "regs" and per_sm == 65536 // (256 * 32) // (heavy.threads // 32)
+
+
+def test_first_valid_is_the_first_fitting_candidate():
+    gpu = hal.probe(profile="h200").gpus[0]
+    spec = PRESETS["qwen3-30b-a3b"].spec("int4_g128")
+    layer = configs.choose_layer(gpu, synthetic_attrs(), spec, 2048, "first_valid")
+    first = next(c for c in configs.candidates() if c.block_m == layer.block_m)
+    assert layer.gemm13.config == first
+
+
+def test_small_batches_split_k_to_fill_the_gpu():
+    gpu = hal.probe(profile="h200").gpus[0]
+    spec = PRESETS["deepseek-v3"].spec("int4_g128", num_local_experts=32)
+    layer = configs.choose_layer(gpu, synthetic_attrs(), spec, 1)
+    assert layer.block_m == 8
+    assert layer.gemm13.splits > 1 and layer.gemm2.splits > 1
+    for choice, k in ((layer.gemm13, spec.hidden_size), (layer.gemm2, spec.intermediate_size)):
+        assert k // choice.splits >= configs.MIN_K_TILES_PER_SPLIT * choice.config.thread_k
+
+
+def test_grid_m_bounds():
+    spec = PRESETS["deepseek-v3"].spec("int4_g128", num_local_experts=32)
+    for tokens in TOKENS:
+        bm = configs.block_m_for(spec, tokens)
+        assert 1 <= configs.grid_m(spec, tokens, bm) <= configs.max_blocks(spec, tokens, bm)
+
+
+def test_unknown_policy_is_a_value_error():
+    gpu = hal.probe(profile="h200").gpus[0]
+    with pytest.raises(ValueError, match="policy"):
+        configs.choose_layer(gpu, synthetic_attrs(), shapes()["qwen3"], 8, "fastest")
+
+
+# --- check() ------------------------------------------------------------------------------------
+
+def target(profile, device="cuda:0"):
+    return Target(device, hal.probe(profile=profile))
+
+
+def test_check_accepts_int4_on_recorded_nvidia_profiles():
+    spec = PRESETS["mixtral-8x7b"].spec("int4_g128")
+    for name in ("h200", "h100", "b200", "rtx5090"):
+        verdict = backend.check(spec, target(name))
+        assert verdict.ok, verdict.reasons
+
+
+def test_check_collects_every_reason():
+    spec = hal.MoESpec(8, 2, 4096, 1024, "bf16")
+    verdict = backend.check(spec, target("mi300x"))
+    assert not verdict.ok
+    text = " ".join(verdict.reasons)
+    assert "int4_g128" in text and "amd" in text
+
+
+def test_check_rejects_cpu_and_old_nvidia():
+    spec = PRESETS["mixtral-8x7b"].spec("int4_g128")
+    assert "CPU" in backend.check(spec, Target("cpu", hal.probe(profile="zen4"))).summary()
+    caps = hal.probe(profile="h100")
+    t4 = attrs.evolve(caps.gpus[0], name="Tesla T4", arch="sm_75")
+    verdict = backend.check(spec, Target("cuda:0", attrs.evolve(caps, gpus=(t4,))))
+    assert not verdict.ok and "sm_80" in verdict.summary()
+    missing = backend.check(spec, Target("cuda:3", caps))
+    assert not missing.ok and "cuda:3" in missing.summary()
+
+
+def test_check_rejects_shapes_that_are_not_whole_tiles():
+    spec = hal.MoESpec(8, 2, 4104, 1000, "int4_g128", group_size=-1)
+    verdict = backend.check(spec, target("h200"))
+    assert not verdict.ok
+    assert any("hidden_size" in r for r in verdict.reasons)
+    assert any("intermediate_size" in r for r in verdict.reasons)
+
+
+def test_specialization_defines_follow_the_spec():
+    plain = build.Specialization("bfloat16", False, False, "sm_90")
+    assert plain.defines() == {"HAL_MARLIN_FP16": 0, "HAL_MARLIN_IS_EP": 0, "HAL_MARLIN_HAS_BIAS": 0}
+    assert "arch=compute_90,code=sm_90" in plain.cuda_flags()
+    ep = build.Specialization("float16", True, True, "sm_100a")
+    assert ep.defines() == {"HAL_MARLIN_FP16": 1, "HAL_MARLIN_IS_EP": 1, "HAL_MARLIN_HAS_BIAS": 1}
+    assert "arch=compute_100,code=sm_100" in ep.cuda_flags()
+
+
+def test_kernel_variants_and_baselines():
+    spec = PRESETS["deepseek-v3"].spec("int4_g128", num_local_experts=32)
+    kernel = backend.build(spec, target("h200"))
+    assert kernel.specialization.is_ep and not kernel.specialization.has_bias
+    base = kernel.baselines()
+    assert set(base) == {"first_valid", "runtime_branch"}
+    assert base["first_valid"].policy == "first_valid"
+    rb = base["runtime_branch"].specialization
+    assert rb.is_ep and rb.has_bias
