@@ -10,24 +10,12 @@ import os
 from hal.caps import GpuCaps
 from hal.probe import arch_table
 from hal.probe.findings import Findings
-from hal.probe.torch_access import gpu_runtime_initialized, torch_cuda_archs, torch_module
+from hal.probe.torch_access import TORCH_PROPERTIES, gpu_runtime_initialized, torch_cuda_archs, torch_module
 
 VISIBILITY_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 BYTES_PER_MIB = 1024 * 1024
 DEEP_HINT = "hal probe --deep reads it through torch's HIP properties (creates a HIP context)"
 
-TORCH_PROPERTIES = {  # GpuCaps field -> torch.cuda.get_device_properties attribute on ROCm
-    "name": "name",
-    "memory_bytes": "total_memory",
-    "sm_count": "multi_processor_count",
-    "warp_size": "warp_size",
-    "smem_per_block": "shared_memory_per_block",
-    "smem_per_block_optin": "shared_memory_per_block_optin",
-    "smem_per_sm": "shared_memory_per_multiprocessor",
-    "regs_per_sm": "regs_per_multiprocessor",
-    "max_threads_per_sm": "max_threads_per_multi_processor",
-    "l2_bytes": "L2_cache_size",
-}
 
 
 def _amdsmi_gpus(gpus: dict, section_unknown: dict) -> None:

@@ -12,7 +12,7 @@ from typing import Optional
 from hal.caps import GpuCaps
 from hal.probe import arch_table
 from hal.probe.findings import Findings
-from hal.probe.torch_access import torch_cuda_archs, torch_module
+from hal.probe.torch_access import TORCH_PROPERTIES, torch_cuda_archs, torch_module
 
 NVML_DDR_FACTOR = 2  # HBM/GDDR move data on both clock edges; NVML's memory clock is the base rate
 DEEP_HINT = "hal probe --deep reads it through torch (creates a CUDA context)"
@@ -114,18 +114,6 @@ def _nvml_gpus(gpus: dict, section_unknown: dict) -> None:
             pass
 
 
-TORCH_PROPERTIES = {  # GpuCaps field -> torch.cuda.get_device_properties attribute
-    "name": "name",
-    "memory_bytes": "total_memory",
-    "sm_count": "multi_processor_count",
-    "warp_size": "warp_size",
-    "smem_per_block": "shared_memory_per_block",
-    "smem_per_block_optin": "shared_memory_per_block_optin",
-    "smem_per_sm": "shared_memory_per_multiprocessor",
-    "regs_per_sm": "regs_per_multiprocessor",
-    "max_threads_per_sm": "max_threads_per_multi_processor",
-    "l2_bytes": "L2_cache_size",
-}
 TRITON_PROPERTIES = {  # GpuCaps field -> triton driver utils get_device_properties key
     "regs_per_block": "max_num_regs",
     "smem_per_block_optin": "max_shared_mem",

@@ -8,6 +8,19 @@ from __future__ import annotations
 
 import sys
 
+TORCH_PROPERTIES = {  # GpuCaps field -> torch.cuda.get_device_properties attribute (CUDA and ROCm)
+    "name": "name",
+    "memory_bytes": "total_memory",
+    "sm_count": "multi_processor_count",
+    "warp_size": "warp_size",
+    "smem_per_block": "shared_memory_per_block",
+    "smem_per_block_optin": "shared_memory_per_block_optin",
+    "smem_per_sm": "shared_memory_per_multiprocessor",
+    "regs_per_sm": "regs_per_multiprocessor",
+    "max_threads_per_sm": "max_threads_per_multi_processor",
+    "l2_bytes": "L2_cache_size",
+}
+
 
 def torch_module(deep: bool):
     """torch when deep or already imported by the caller, else None."""
