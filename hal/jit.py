@@ -24,6 +24,11 @@ from typing import Optional
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
+# -fopenmp: ATen's at::parallel_for is an inline `#pragma omp parallel`; without the flag an
+# extension silently runs on one thread. The GOMP symbols resolve to the libgomp torch loads.
+BASE_CFLAGS = ("-O3", "-std=c++17", "-fopenmp")
+BASE_CUDA_CFLAGS = ("-O3", "-std=c++17")
+
 _loaded: dict = {}  # key -> namespace, for this process
 _process_lock = threading.Lock()
 
@@ -79,7 +84,7 @@ def build(name: str, sources: Sequence[str], *, defines: Optional[Mapping[str, o
     (call its ops as getattr(torch.ops, namespace).op_name)."""
     defines = dict(defines or {})
     paths = [source_path(s) for s in sources]
-    flags = [*extra_cflags, "||", *extra_cuda_cflags]
+    flags = [*BASE_CFLAGS, *extra_cflags, "||", *BASE_CUDA_CFLAGS, *extra_cuda_cflags]
     key = specialization_key(name, paths, defines, flags, cuda)
     with _process_lock:
         if key in _loaded:
@@ -110,8 +115,8 @@ def _load(key, paths, build_dir, define_flags, cflags, cuda_cflags, cuda, verbos
             cpp_extension.load(
                 name=key,
                 sources=[str(p) for p in paths],
-                extra_cflags=["-O3", "-std=c++17", *define_flags, *cflags],
-                extra_cuda_cflags=["-O3", "-std=c++17", *define_flags, *cuda_cflags] if cuda else None,
+                extra_cflags=[*BASE_CFLAGS, *define_flags, *cflags],
+                extra_cuda_cflags=[*BASE_CUDA_CFLAGS, *define_flags, *cuda_cflags] if cuda else None,
                 extra_include_paths=[str(CSRC)],
                 build_directory=str(build_dir),
                 with_cuda=cuda,

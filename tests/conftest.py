@@ -7,7 +7,7 @@ import functools
 import pytest
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def this_machine():
     import hal
 

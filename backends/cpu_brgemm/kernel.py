@@ -1,0 +1,105 @@
+"""The CPU fused MoE kernel object: packs weights once, routes each call into expert blocks and
+runs each block on BRGEMM or TinyGEMM as its policy says."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from backends.cpu_brgemm import extension, pack
+from backends.cpu_brgemm.backend import isa_for
+from backends.cpu_brgemm.plan import PATH_NAMES, BlockPlan, MoEPlan
+from backends.cpu_brgemm.policy import (
+    ACTIVATION_CODES,
+    BASELINE_POLICY,
+    DEFAULT_POLICY,
+    FORMAT_CODES,
+    POLICIES,
+)
+from hal.backend import Target
+from hal.kernel import MoEKernel
+from hal.spec import MoESpec
+from hal.weights_check import check_expert_map
+
+
+class CpuBrgemmKernel(MoEKernel):
+    backend = "cpu_brgemm"
+
+    def __init__(self, spec: MoESpec, target: Target, policy: str = DEFAULT_POLICY,
+                 isa: Optional[str] = None):
+        super().__init__(spec, target)
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r} is not allowed: expected one of {', '.join(POLICIES)}")
+        isa = isa or isa_for(target.cpu)
+        if isa is None:
+            raise ValueError("target CPU has neither AVX-512-BF16 nor AVX2+FMA: cpu_brgemm cannot run")
+        if policy == "brgemm" and isa != "avx512bf16":
+            raise ValueError(f"policy='brgemm' needs the avx512bf16 build (oneDNN's bf16 BRGEMM "
+                             f"needs AVX-512); this kernel is built for {isa}")
+        self.policy = policy
+        self.variant = policy
+        self.isa = isa
+        self._brgemm_supported = None
+
+    @property
+    def ops(self):
+        return extension.ops(self.isa)
+
+    @property
+    def brgemm_supported(self) -> bool:
+        """AMX usable per the target's capabilities and, on this machine, the installed torch packs
+        bf16 for it. Recorded capabilities (a profile) are taken as they are, so a plan for another
+        host shows that host's decisions."""
+        if self._brgemm_supported is None:
+            amx = self.target.cpu.amx.usable and self.isa == "avx512bf16"
+            if amx and self.target.caps.profile is None:
+                from hal.probe.amx import request_amx_permission
+
+                amx = request_amx_permission() and bool(self.ops.brgemm_packs_bf16())
+            self._brgemm_supported = amx
+        return self._brgemm_supported
+
+    def baselines(self) -> dict:
+        return {BASELINE_POLICY: self.with_policy(BASELINE_POLICY)}
+
+    def with_policy(self, policy: str) -> CpuBrgemmKernel:
+        """The same kernel under another dispatch policy, sharing its BRGEMM probe; it accepts this
+        kernel's prepared weights."""
+        other = CpuBrgemmKernel(self.spec, self.target, policy, self.isa)
+        other._brgemm_supported = self._brgemm_supported
+        return other
+
+    def _prepare(self, weights):
+        return pack.pack(self.spec, weights)
+
+    def _run(self, x, topk_weights, topk_ids, data, out) -> None:
+        spec = self.spec
+        self.ops.fused_moe(x, topk_weights, topk_ids, data.expert_map, data.w13, data.w13_scale,
+                           data.w2, data.w2_scale, data.b13, data.b2, out,
+                           FORMAT_CODES[spec.weight_format], ACTIVATION_CODES[spec.activation],
+                           float(spec.swiglu_alpha), float(spec.swiglu_limit),
+                           POLICIES.index(self.policy), self.brgemm_supported)
+
+    def plan(self, topk_ids, expert_map: Optional[torch.Tensor] = None) -> MoEPlan:
+        """The expert blocks of a call with these routes and the path of each. Under expert
+        parallelism pass the weights' expert_map; without one the plan assumes this rank holds the
+        contiguous slice [0, num_local_experts) of the global experts, and says so."""
+        spec = self.spec
+        if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 \
+                or topk_ids.shape[1] != spec.top_k or topk_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"topk_ids must be an int32/int64 tensor of shape (M, {spec.top_k})")
+        if topk_ids.numel() and not (0 <= int(topk_ids.min()) and int(topk_ids.max()) < spec.num_experts):
+            raise ValueError(f"topk_ids must hold expert ids in [0, {spec.num_experts})")
+        assumed = spec.is_ep and expert_map is None
+        if assumed:
+            expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32)
+            expert_map[: spec.local_experts] = torch.arange(spec.local_experts, dtype=torch.int32)
+        elif expert_map is not None:
+            check_expert_map(expert_map, spec)
+        rows = self.ops.route_plan(topk_ids.cpu(), None if expert_map is None else expert_map.cpu(),
+                                   spec.local_experts, POLICIES.index(self.policy),
+                                   self.brgemm_supported).tolist()
+        blocks = [BlockPlan(e, s, m, n, PATH_NAMES[p1], PATH_NAMES[p2]) for e, s, m, n, p1, p2 in rows]
+        return MoEPlan(self.policy, self.isa, self.brgemm_supported, int(topk_ids.shape[0]),
+                       sum(b.m_size for b in blocks), blocks, assumed)

@@ -1,0 +1,45 @@
+"""Every tuning constant and code shared by the Python side and csrc/cpu/moe_brgemm.cpp of the CPU
+fused MoE, in one place. The C++ receives them as defines, so the two cannot disagree."""
+
+from __future__ import annotations
+
+# Rows (routes of one expert) per block. Matches the seed's block size (two 16-row AMX tiles), so
+# blocks of 4, 5 and 33 rows land on either side of the threshold and across block boundaries.
+BLOCK_M = 32
+# Output columns per weight panel: two 16-lane bf16-pair registers in the micro-kernel, one
+# 32-column B for BRGEMM (the width known to run through cpublas::brgemm with AMX).
+BLOCK_N = 32
+# The seed's crossover, in rows: a block of more rows than this goes to BRGEMM (its tile setup and
+# panel dequantization are paid back), a block of this many or fewer stays on TinyGEMM.
+BRGEMM_MIN_ROWS = 4
+# Work items (block run x output panel) each thread should get before runs are split further:
+# enough to even out threads when one expert holds the whole batch, few enough that a panel
+# dequantized for BRGEMM serves several blocks.
+ITEMS_PER_THREAD = 4
+
+# Bytes of L2 one BRGEMM work item may fill with a block of activations plus its group of
+# dequantized weight panels: half of the 2 MiB per-core L2 of Sapphire/Emerald Rapids, leaving the
+# rest to the output tile and oneDNN. More panels per group means fewer re-reads of the
+# activations from L3.
+BRGEMM_L2_BYTES = 1 << 20
+# Upper bound on panels per group (bytes of C scratch per thread grow with it).
+MAX_PANEL_GROUP = 8
+
+# Dispatch policies, numbered as the C++ Policy enum.
+POLICIES = ("per_block", "global", "tiny", "brgemm")
+DEFAULT_POLICY = "per_block"
+BASELINE_POLICY = "global"  # the seed's layer-wide avg_M crossover: `hal bench`'s "before"
+
+# Numbered as the C++ Format and Activation enums.
+FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2}
+ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
+
+# H and I must be whole panels along N and whole mxfp4 scale groups / k-pairs along K.
+SIZE_MULTIPLE = 32
+
+# Compile flags per micro-kernel ISA, chosen from the target's capabilities.
+ISA_CFLAGS = {
+    "avx512bf16": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx2",
+                   "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+}

@@ -1,0 +1,470 @@
+// Fused MoE on CPU with the GEMM path chosen per expert block: BRGEMM (oneDNN through
+// at::native::cpublas, AMX where present) on panels dequantized to bf16, or TinyGEMM, a
+// register-blocked micro-kernel that dequantizes in registers.
+//
+//   gather   x rows into sorted (expert-major) order; only local routes, so empty experts and
+//            non-local routes cost nothing and touch no weights
+//   stage 1  h = act(x W13^T + b13) per block, into a compact bf16 cache [routes, I]
+//   stage 2  y = w_topk * (h W2^T + b2) per block, into a compact fp32 cache [routes, H]
+//   reduce   out[t] = sum of its routes' rows, in fp32, rounded once to bf16
+//
+// Weights arrive packed by backends/cpu_brgemm/pack.py: per expert, panels of 32 output columns in
+// VNNI order ([K/2][32][2]), gate/up de-interleaved so every gated activation reads gate panel p
+// and up panel p + I/32.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "moe_routing.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include "moe_isa_avx512bf16.h"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "moe_isa_avx2.h"
+#else
+#error "build with -mavx512bf16 (and AVX-512 F/BW/VL/DQ) or -mavx2 -mfma -mf16c"
+#endif
+
+#ifndef HAL_OP_NAMESPACE
+#error "HAL_OP_NAMESPACE is set by hal/jit.py"
+#endif
+
+namespace hal_moe {
+namespace {
+
+// Same numbering as backends/cpu_brgemm/policy.py.
+enum class Format : int64_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2 };
+enum class Activation : int64_t { kSilu = 0, kSwigluOai = 1, kRelu2 = 2 };
+
+constexpr int64_t kAlign = 64;  // bytes: one cache line, and a whole zmm
+
+template <typename T>
+struct AlignedBuffer {
+  std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
+  void ensure(int64_t count) {
+    if (data) return;
+    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    data.reset(static_cast<T*>(std::aligned_alloc(kAlign, bytes)));
+    TORCH_CHECK(data, "cpu_brgemm: could not allocate ", bytes, " bytes of scratch");
+  }
+  T* get() const { return data.get(); }
+};
+
+// One packed weight tensor: [E][panels][panel bytes] with its scales.
+struct PackedWeight {
+  const uint8_t* w;
+  int64_t panels;       // per expert
+  int64_t panel_bytes;  // one panel of 32 columns x K
+  const uint8_t* scale;
+  int64_t scale_panel_bytes;
+  int64_t k;
+
+  const uint8_t* panel(int64_t e, int64_t p) const { return w + (e * panels + p) * panel_bytes; }
+  const uint8_t* panel_scale(int64_t e, int64_t p) const {
+    return scale + (e * panels + p) * scale_panel_bytes;
+  }
+};
+
+template <class Panel>
+Panel make_panel(const PackedWeight& pw, int64_t e, int64_t p);
+
+template <>
+isa::Bf16Panel make_panel(const PackedWeight& pw, int64_t e, int64_t p) {
+  isa::Bf16Panel panel{};
+  panel.w = reinterpret_cast<const uint16_t*>(pw.panel(e, p));
+  return panel;
+}
+
+template <>
+isa::Fp8Panel make_panel(const PackedWeight& pw, int64_t e, int64_t p) {
+  isa::Fp8Panel panel{};
+  panel.w = pw.panel(e, p);
+  panel.scale = reinterpret_cast<const float*>(pw.panel_scale(e, p));
+  return panel;
+}
+
+template <>
+isa::Mxfp4Panel make_panel(const PackedWeight& pw, int64_t e, int64_t p) {
+  isa::Mxfp4Panel panel{};
+  panel.w = pw.panel(e, p);
+  panel.scale = pw.panel_scale(e, p);
+  return panel;
+}
+
+PackedWeight packed_weight(const at::Tensor& w, const at::Tensor& scale, Format format) {
+  // w: uint8 [E, panels, panel_bytes]; scale: [E, panels, *] (empty for bf16).
+  const int64_t panel_bytes = w.size(2);
+  const int64_t k = format == Format::kMxfp4 ? panel_bytes / 16
+                    : format == Format::kFp8Block128 ? panel_bytes / 32
+                                                     : panel_bytes / 64;
+  const bool has_scale = format != Format::kBf16;
+  return {w.data_ptr<uint8_t>(), w.size(1), panel_bytes,
+          has_scale ? static_cast<const uint8_t*>(scale.data_ptr()) : nullptr,
+          has_scale ? scale[0][0].numel() * scale.element_size() : 0, k};
+}
+
+// One work item: a run of blocks against a group of consecutive output panels. A run with a BRGEMM
+// block takes several panels, so each block's activations are read from L3 once per group and then
+// stay in L2 while every dequantized panel of the group passes over them; a TinyGEMM-only run takes
+// one panel, which keeps decode spread over all threads.
+struct Item {
+  int32_t run;
+  int32_t first_panel;
+  int32_t num_panels;
+};
+
+// Panels per BRGEMM item: one block of activations plus the group's dequantized panels (gate and
+// up when gated) within the L2 budget.
+inline int64_t brgemm_panel_group(int64_t k, bool gated) {
+  const int64_t panel_bytes = k * kBlockN * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int64_t a_bytes = kBlockM * k * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int64_t fit = (kBrgemmL2Bytes - a_bytes) / (panel_bytes * (gated ? 2 : 1));
+  return std::max<int64_t>(1, std::min<int64_t>(fit, kMaxPanelGroup));
+}
+
+std::vector<Item> make_items(const std::vector<Run>& runs, const std::vector<uint8_t>& brgemm_block,
+                             int64_t panels, int64_t brgemm_group) {
+  std::vector<Item> items;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    bool any_brgemm = false;
+    for (int32_t b = runs[r].first_block; b < runs[r].first_block + runs[r].num_blocks; ++b) {
+      any_brgemm = any_brgemm || brgemm_block[b];
+    }
+    const int64_t group = any_brgemm ? brgemm_group : 1;
+    for (int64_t p = 0; p < panels; p += group) {
+      items.push_back({static_cast<int32_t>(r), static_cast<int32_t>(p),
+                       static_cast<int32_t>(std::min(group, panels - p))});
+    }
+  }
+  // Heaviest first: threads take items from a shared queue, so the long runs of hot experts start
+  // early and the short ones fill in behind them.
+  auto work = [&](const Item& it) { return static_cast<int64_t>(runs[it.run].num_blocks) * it.num_panels; };
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const Item& x, const Item& y) { return work(x) > work(y); });
+  return items;
+}
+
+// Runs one GEMM stage. A gated stage 1 computes gate panels p.. and up panels p + second_offset..
+// in the same item, so the activation fuses into the epilogue.
+template <class Panel, class Epilogue>
+void run_stage(const Routing& rt, const std::vector<Run>& runs, const std::vector<uint8_t>& brgemm_block,
+               const at::BFloat16* a, const PackedWeight& pw, int64_t panels, int64_t second_offset,
+               const Epilogue& epilogue) {
+  const int64_t k = pw.k;
+  const int64_t kpairs = k / 2;
+  const bool two = second_offset > 0;
+  const int64_t group = brgemm_panel_group(k, two);
+  const std::vector<Item> items = make_items(runs, brgemm_block, panels, group);
+  const int64_t panel_elems = k * kBlockN;
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  // Items differ in cost (a hot expert's run against a cold expert's single block), so each thread
+  // takes the next item from a shared counter instead of a fixed contiguous share.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    AlignedBuffer<float> c0, c1;
+    c0.ensure(kBlockM * kBlockN * group);
+    c1.ensure(kBlockM * kBlockN * group);
+    AlignedBuffer<uint16_t> dq0, dq1;
+    bool used_brgemm = false;
+    for (int64_t i = next++; i < num_items; i = next++) {
+      const Item& item = items[i];
+      const Run& run = runs[item.run];
+      const int64_t e = rt.blocks[run.first_block].expert;
+      const int64_t ldc = item.num_panels * kBlockN;
+      bool dequantized = false;
+      for (int64_t b = run.first_block; b < run.first_block + run.num_blocks; ++b) {
+        const Block& blk = rt.blocks[b];
+        const at::BFloat16* ab = a + static_cast<int64_t>(blk.start) * k;
+        if (brgemm_block[b]) {
+#if HAL_MOE_ISA_HAS_BRGEMM
+          if (!dequantized) {
+            dq0.ensure(panel_elems * group);
+            if (two) dq1.ensure(panel_elems * group);
+            for (int64_t q = 0; q < item.num_panels; ++q) {
+              const int64_t p = item.first_panel + q;
+              isa::dequant_panel(make_panel<Panel>(pw, e, p), kpairs, dq0.get() + q * panel_elems);
+              if (two) {
+                isa::dequant_panel(make_panel<Panel>(pw, e, p + second_offset), kpairs,
+                                   dq1.get() + q * panel_elems);
+              }
+            }
+            dequantized = true;
+          }
+          for (int64_t q = 0; q < item.num_panels; ++q) {
+            at::native::cpublas::brgemm(
+                blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
+                reinterpret_cast<const at::BFloat16*>(dq0.get() + q * panel_elems), c0.get() + q * kBlockN);
+            if (two) {
+              at::native::cpublas::brgemm(
+                  blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
+                  reinterpret_cast<const at::BFloat16*>(dq1.get() + q * panel_elems), c1.get() + q * kBlockN);
+            }
+          }
+          used_brgemm = true;
+#else
+          TORCH_CHECK(false, "cpu_brgemm: BRGEMM is not built for the ", isa::kName, " ISA");
+#endif
+        } else if (dequantized) {
+          // A small block behind BRGEMM blocks of its run: TinyGEMM over the panels already
+          // dequantized to bf16, instead of decoding the checkpoint format again.
+          const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
+          for (int64_t q = 0; q < item.num_panels; ++q) {
+            isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{dq0.get() + q * panel_elems}, kpairs,
+                           c0.get() + q * kBlockN, ldc);
+            if (two) {
+              isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{dq1.get() + q * panel_elems}, kpairs,
+                             c1.get() + q * kBlockN, ldc);
+            }
+          }
+        } else {
+          const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
+          for (int64_t q = 0; q < item.num_panels; ++q) {
+            const int64_t p = item.first_panel + q;
+            isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p), kpairs, c0.get() + q * kBlockN, ldc);
+            if (two) {
+              isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p + second_offset), kpairs,
+                             c1.get() + q * kBlockN, ldc);
+            }
+          }
+        }
+        epilogue(blk, item.first_panel * kBlockN, ldc, c0.get(), c1.get());
+      }
+    }
+#if HAL_MOE_ISA_HAS_BRGEMM
+    // Once per thread, and only when this thread configured AMX tiles (or oneDNN state) at all.
+    if (used_brgemm) at::native::cpublas::brgemm_release();
+#endif
+  });
+}
+
+struct Epilogue1 {
+  at::BFloat16* ic1;  // [routes, I]
+  int64_t inter;
+  const float* b13;   // [E, w13 rows] or null
+  int64_t w13_rows;
+  Activation act;
+  float alpha, limit;
+
+  // Columns [col, col + ncols) of the block's rows; gate/up tiles have row stride ncols.
+  void operator()(const Block& blk, int64_t col, int64_t ncols, const float* gate, const float* up) const {
+    const float* bias_g = b13 ? b13 + blk.expert * w13_rows + col : nullptr;
+    const float* bias_u = b13 && act != Activation::kRelu2 ? bias_g + inter : nullptr;
+    for (int64_t i = 0; i < blk.rows; ++i) {
+      at::BFloat16* dst = ic1 + (blk.start + i) * inter + col;
+      const float* g = gate + i * ncols;
+      const float* u = up + i * ncols;
+      for (int64_t c = 0; c < ncols; ++c) {
+        float h = g[c] + (bias_g ? bias_g[c] : 0.f);
+        float v;
+        if (act == Activation::kRelu2) {
+          h = h > 0.f ? h : 0.f;
+          v = h * h;
+        } else {
+          const float uv = u[c] + (bias_u ? bias_u[c] : 0.f);
+          if (act == Activation::kSilu) {
+            v = h / (1.f + std::exp(-h)) * uv;
+          } else {
+            const float gl = std::min(h, limit);
+            const float ul = std::max(-limit, std::min(uv, limit));
+            v = gl / (1.f + std::exp(-alpha * gl)) * (ul + 1.f);
+          }
+        }
+        dst[c] = at::BFloat16(v);
+      }
+    }
+  }
+};
+
+struct Epilogue2 {
+  const Routing* rt;
+  float* ic2;        // [routes, H]
+  int64_t hidden;
+  const float* b2;   // [E, H] or null
+
+  void operator()(const Block& blk, int64_t col, int64_t ncols, const float* y, const float*) const {
+    const float* bias = b2 ? b2 + blk.expert * hidden + col : nullptr;
+    for (int64_t i = 0; i < blk.rows; ++i) {
+      const int64_t pos = blk.start + i;
+      const float w = rt->weight_of_pos[pos];
+      float* dst = ic2 + pos * hidden + col;
+      const float* src = y + i * ncols;
+      for (int64_t c = 0; c < ncols; ++c) dst[c] = w * (src[c] + (bias ? bias[c] : 0.f));
+    }
+  }
+};
+
+template <class Panel>
+void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
+             const at::Tensor& x, const PackedWeight& pw13, const PackedWeight& pw2,
+             const float* b13, const float* b2, at::Tensor& out, int64_t topk, int64_t inter,
+             Activation act, float alpha, float limit) {
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  const int64_t threads = at::get_num_threads();
+  const bool gated = act != Activation::kRelu2;
+  const int64_t panels1 = inter / kBlockN;
+  const int64_t panels2 = hidden / kBlockN;
+  auto opts = x.options();
+  at::Tensor xs = at::empty({rt.routes, hidden}, opts);
+  at::Tensor ic1 = at::empty({rt.routes, inter}, opts);
+  at::Tensor ic2 = at::empty({rt.routes, hidden}, opts.dtype(at::kFloat));
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
+  at::BFloat16* xsp = xs.data_ptr<at::BFloat16>();
+  at::parallel_for(0, rt.routes, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      std::memcpy(xsp + pos * hidden, xp + static_cast<int64_t>(rt.token_of_pos[pos]) * hidden,
+                  hidden * sizeof(at::BFloat16));
+    }
+  });
+
+  Epilogue1 ep1{ic1.data_ptr<at::BFloat16>(), inter, b13, pw13.panels * kBlockN, act, alpha, limit};
+  run_stage<Panel>(rt, make_runs(rt.blocks, panels1, threads), brgemm_block, xsp, pw13, panels1,
+                   gated ? panels1 : 0, ep1);
+  Epilogue2 ep2{&rt, ic2.data_ptr<float>(), hidden, b2};
+  run_stage<Panel>(rt, make_runs(rt.blocks, panels2, threads), brgemm_block, ic1.data_ptr<at::BFloat16>(),
+                   pw2, panels2, 0, ep2);
+
+  const float* ic2p = ic2.data_ptr<float>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(hidden);
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < topk; ++j) {
+        const int32_t pos = rt.pos_of_route[t * topk + j];
+        if (pos < 0) continue;
+        const float* row = ic2p + static_cast<int64_t>(pos) * hidden;
+        for (int64_t h = 0; h < hidden; ++h) acc[h] += row[h];
+      }
+      for (int64_t h = 0; h < hidden; ++h) op[t * hidden + h] = at::BFloat16(acc[h]);
+    }
+  });
+}
+
+Routing route_tensors(const at::Tensor& topk_ids, const at::Tensor& weights_f32,
+                      const c10::optional<at::Tensor>& expert_map, int64_t local_experts) {
+  const at::Tensor map_tensor = expert_map.has_value() ? expert_map->to(at::kInt).contiguous() : at::Tensor();
+  const int32_t* map = map_tensor.defined() ? map_tensor.data_ptr<int32_t>() : nullptr;
+  const float* w = weights_f32.data_ptr<float>();
+  if (topk_ids.scalar_type() == at::kLong) {
+    return route(topk_ids.data_ptr<int64_t>(), w, topk_ids.size(0), topk_ids.size(1), map, local_experts);
+  }
+  return route(topk_ids.data_ptr<int32_t>(), w, topk_ids.size(0), topk_ids.size(1), map, local_experts);
+}
+
+// Both stages see the same m_size and a 32-column n_size (H and I are multiples of 32), so one
+// decision per block serves both; the plan reports it per stage.
+std::vector<uint8_t> block_paths(const Routing& rt, Policy policy, bool supported, int64_t tokens,
+                                 int64_t topk, int64_t local_experts) {
+  TORCH_CHECK(HAL_MOE_ISA_HAS_BRGEMM || policy != Policy::kBrgemm,
+              "cpu_brgemm: the forced 'brgemm' policy needs the avx512bf16 build");
+  const bool global = global_uses_brgemm(supported, tokens, topk, local_experts);
+  std::vector<uint8_t> paths(rt.blocks.size());
+  for (size_t b = 0; b < rt.blocks.size(); ++b) {
+    paths[b] = block_path(policy, supported, global, rt.blocks[b].rows, kBlockN) == Path::kBrgemm;
+  }
+  return paths;
+}
+
+void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+               const c10::optional<at::Tensor>& expert_map, const at::Tensor& w13,
+               const at::Tensor& w13_scale, const at::Tensor& w2, const at::Tensor& w2_scale,
+               const c10::optional<at::Tensor>& b13, const c10::optional<at::Tensor>& b2,
+               at::Tensor& out, int64_t weight_format, int64_t activation, double swiglu_alpha,
+               double swiglu_limit, int64_t policy, bool brgemm_supported) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16, "cpu_brgemm: x must be contiguous bf16");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes() && out.scalar_type() == at::kBFloat16,
+              "cpu_brgemm: out must be contiguous bf16 like x");
+  TORCH_CHECK(w13.scalar_type() == at::kByte && w13.dim() == 3 && w2.scalar_type() == at::kByte &&
+              w2.dim() == 3, "cpu_brgemm: weights must come from prepare_weights");
+  const Format format = static_cast<Format>(weight_format);
+  const Activation act = static_cast<Activation>(activation);
+  const int64_t tokens = x.size(0);
+  const int64_t topk = topk_ids.size(1);
+  const int64_t local_experts = w13.size(0);
+  const int64_t hidden = x.size(1);
+  TORCH_CHECK(w2.size(1) * kBlockN == hidden, "cpu_brgemm: w2 panels do not match the hidden size");
+  const PackedWeight pw13 = packed_weight(w13, w13_scale, format);
+  const PackedWeight pw2 = packed_weight(w2, w2_scale, format);
+  const int64_t intermediate = pw2.k;
+  TORCH_CHECK(pw13.k == hidden, "cpu_brgemm: w13 panels do not match hidden size");
+  TORCH_CHECK(pw13.panels * kBlockN == (act == Activation::kRelu2 ? 1 : 2) * intermediate,
+              "cpu_brgemm: w13 panels do not match the intermediate size");
+
+  const at::Tensor wts = topk_weights.to(at::kFloat).contiguous();
+  const at::Tensor ids = topk_ids.contiguous();
+  const Routing rt = route_tensors(ids, wts, expert_map, local_experts);
+  if (rt.routes == 0) {
+    out.zero_();
+    return;
+  }
+  const std::vector<uint8_t> paths =
+      block_paths(rt, static_cast<Policy>(policy), brgemm_supported, tokens, topk, local_experts);
+  const float* b13p = b13.has_value() ? b13->data_ptr<float>() : nullptr;
+  const float* b2p = b2.has_value() ? b2->data_ptr<float>() : nullptr;
+  const float alpha = static_cast<float>(swiglu_alpha);
+  const float limit = static_cast<float>(swiglu_limit);
+  switch (format) {
+    case Format::kBf16:
+      run_moe<isa::Bf16Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      break;
+    case Format::kFp8Block128:
+      run_moe<isa::Fp8Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      break;
+    case Format::kMxfp4:
+      run_moe<isa::Mxfp4Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      break;
+    default:
+      TORCH_CHECK(false, "cpu_brgemm: unknown weight_format code ", weight_format);
+  }
+}
+
+// The per-call decision without running: one row per expert block,
+// (local expert, first sorted position, m_size, n_size, stage-1 path, stage-2 path).
+at::Tensor route_plan(const at::Tensor& topk_ids, const c10::optional<at::Tensor>& expert_map,
+                      int64_t local_experts, int64_t policy, bool brgemm_supported) {
+  const at::Tensor ids = topk_ids.contiguous();
+  const at::Tensor ones = at::ones(ids.sizes(), ids.options().dtype(at::kFloat));
+  const Routing rt = route_tensors(ids, ones, expert_map, local_experts);
+  const std::vector<uint8_t> paths = block_paths(rt, static_cast<Policy>(policy), brgemm_supported,
+                                                 ids.size(0), ids.size(1), local_experts);
+  at::Tensor plan = at::empty({static_cast<int64_t>(rt.blocks.size()), 6}, ids.options().dtype(at::kInt));
+  int32_t* p = plan.data_ptr<int32_t>();
+  for (size_t b = 0; b < rt.blocks.size(); ++b) {
+    const Block& blk = rt.blocks[b];
+    const int32_t row[6] = {blk.expert, blk.start, blk.rows, static_cast<int32_t>(kBlockN), paths[b], paths[b]};
+    std::memcpy(p + b * 6, row, sizeof(row));
+  }
+  return plan;
+}
+
+// Whether the installed torch packs bf16 B for BRGEMM, which it does where oneDNN uses AMX.
+bool brgemm_packs_bf16() { return at::native::cpublas::could_pack(at::kBFloat16); }
+
+std::string isa_name() { return isa::kName; }
+
+}  // namespace
+}  // namespace hal_moe
+
+TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
+  m.def("fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, Tensor w13, "
+        "Tensor w13_scale, Tensor w2, Tensor w2_scale, Tensor? b13, Tensor? b2, Tensor(a!) out, "
+        "int weight_format, int activation, float swiglu_alpha, float swiglu_limit, int policy, "
+        "bool brgemm_supported) -> ()",
+        &hal_moe::fused_moe);
+  m.def("route_plan(Tensor topk_ids, Tensor? expert_map, int local_experts, int policy, "
+        "bool brgemm_supported) -> Tensor",
+        &hal_moe::route_plan);
+  m.def("brgemm_packs_bf16() -> bool", &hal_moe::brgemm_packs_bf16);
+  m.def("isa_name() -> str", &hal_moe::isa_name);
+}

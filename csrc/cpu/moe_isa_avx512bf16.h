@@ -1,0 +1,212 @@
+// AVX-512-BF16 weight decoders and TinyGEMM micro-kernel (Sapphire Rapids and later, Zen 4).
+//
+// A packed weight panel holds 32 output columns in VNNI order: for each pair of K rows, 32 columns
+// of (k even, k odd). A decoder turns one such pair row into two registers of 16 bf16 pairs, which
+// is exactly what vdpbf16ps consumes against a broadcast (a[k], a[k+1]) pair of activations.
+//
+// Decoders produce the unscaled values, exactly (e4m3 and e2m1 values are all bf16 values), and the
+// kernel applies each scale group to a partial accumulator: one FMA per group instead of a multiply
+// per weight. Accumulator lanes are columns, so a per-column scale (mxfp4) is a plain vector.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+#define HAL_MOE_ISA_HAS_BRGEMM 1
+
+namespace hal_moe {
+namespace isa {
+
+constexpr const char* kName = "avx512bf16";
+constexpr int kMaxTileRows = 8;  // 8 rows x (2 accumulators + 2 partials) + 2 weight registers
+
+struct Bf16Panel {
+  static constexpr bool kScaled = false;
+  static constexpr int64_t kGroupPairs = INT64_MAX;
+  const uint16_t* w;  // [K/2][32][2]
+  void begin_group(int64_t) {}
+  __m512 column_scale(int) const { return _mm512_set1_ps(1.f); }
+  __m512i row(int64_t kp, int half) const {
+    return _mm512_loadu_si512(w + kp * 64 + half * 32);
+  }
+};
+
+// e4m3fn -> bf16 as bits: a normal value only needs its exponent rebiased (bias 7 -> 127, so add
+// 120 << 7 after moving the 7 magnitude bits into place); the 8 subnormal magnitudes (m x 2^-9)
+// come from a table, so zero and subnormals are exact.
+struct Fp8Panel {
+  static constexpr bool kScaled = true;
+  static constexpr int64_t kGroupPairs = 64;  // 128 K rows share one block scale
+  const uint8_t* w;     // [K/2][32][2]
+  const float* scale;   // [ceil(K/128)]
+  __m512 s;
+  void begin_group(int64_t g) { s = _mm512_set1_ps(scale[g]); }
+  __m512 column_scale(int) const { return s; }
+  __m512i row(int64_t kp, int half) const {
+    const __m512i subnormals = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 64 + half * 32));
+    const __m512i b = _mm512_cvtepu8_epi16(bytes);
+    const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
+    const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+    const __mmask32 tiny = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+    const __m512i v = _mm512_mask_mov_epi16(normal, tiny, _mm512_permutexvar_epi16(mag, subnormals));
+    // v | (sign byte << 8 & 0x8000)
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(b, 8), _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);
+  }
+};
+
+// One byte is one (k even, k odd) pair of one column: low nibble = even k, as checkpoints store it.
+struct Mxfp4Panel {
+  static constexpr bool kScaled = true;
+  static constexpr int64_t kGroupPairs = 16;  // 32 K rows share one e8m0 scale per column
+  const uint8_t* w;       // [K/2][32]
+  const uint8_t* scale;   // [K/32][32] e8m0
+  __m512 s[2];            // per half: the 16 columns' scales
+  void begin_group(int64_t g) {
+    for (int half = 0; half < 2; ++half) {
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + g * 32 + half * 16));
+      // e8m0 -> fp32 by placing the byte in the exponent field; e = 0 (2^-127) reads as 0.
+      s[half] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(e), 23));
+    }
+  }
+  __m512 column_scale(int half) const { return s[half]; }
+  __m512i row(int64_t kp, int half) const {
+    const __m512i e2m1 = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        static_cast<int16_t>(0xc0c0), static_cast<int16_t>(0xc080), static_cast<int16_t>(0xc040),
+        static_cast<int16_t>(0xc000), static_cast<int16_t>(0xbfc0), static_cast<int16_t>(0xbf80),
+        static_cast<int16_t>(0xbf00), static_cast<int16_t>(0x8000),
+        0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + kp * 32 + half * 16));
+    const __m512i d = _mm512_cvtepu8_epi32(bytes);
+    // Even-k nibble to the low 16 bits, odd-k nibble to the high 16 bits of each lane.
+    const __m512i nibbles = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(0x0f)),
+                                            _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xf0)), 12));
+    return _mm512_permutexvar_epi16(nibbles, e2m1);
+  }
+};
+
+// acc += scale * partial, once per scale group; the bf16 panel has a single unscaled group.
+// With few rows, consecutive K pairs go to Chains independent partial sums, so vdpbf16ps issues
+// back to back instead of waiting out its latency on one accumulator.
+template <int Rows, int Chains, class Panel>
+inline void tiny_tile(const uint16_t* a, int64_t lda, Panel panel, int64_t kpairs, float* c,
+                      int64_t ldc) {
+  __m512 acc[Rows][2];
+  for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < kpairs; g0 += Panel::kGroupPairs) {
+    panel.begin_group(g0 / Panel::kGroupPairs);
+    const int64_t g1 = kpairs - g0 < Panel::kGroupPairs ? kpairs : g0 + Panel::kGroupPairs;
+    __m512 part[Chains][Rows][2];
+    for (int u = 0; u < Chains; ++u) {
+      for (int r = 0; r < Rows; ++r) part[u][r][0] = part[u][r][1] = _mm512_setzero_ps();
+    }
+    for (int64_t kp0 = g0; kp0 < g1; kp0 += Chains) {  // groups and K are multiples of 16 pairs
+      for (int u = 0; u < Chains; ++u) {
+        const int64_t kp = kp0 + u;
+        const __m512bh b0 = reinterpret_cast<__m512bh>(panel.row(kp, 0));
+        const __m512bh b1 = reinterpret_cast<__m512bh>(panel.row(kp, 1));
+        for (int r = 0; r < Rows; ++r) {
+          int32_t pair;
+          __builtin_memcpy(&pair, a + r * lda + 2 * kp, sizeof(pair));
+          const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+          part[u][r][0] = _mm512_dpbf16_ps(part[u][r][0], av, b0);
+          part[u][r][1] = _mm512_dpbf16_ps(part[u][r][1], av, b1);
+        }
+      }
+    }
+    for (int u = 1; u < Chains; ++u) {
+      for (int r = 0; r < Rows; ++r) {
+        part[0][r][0] = _mm512_add_ps(part[0][r][0], part[u][r][0]);
+        part[0][r][1] = _mm512_add_ps(part[0][r][1], part[u][r][1]);
+      }
+    }
+    if constexpr (Panel::kScaled) {
+      for (int r = 0; r < Rows; ++r) {
+        acc[r][0] = _mm512_fmadd_ps(part[0][r][0], panel.column_scale(0), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(part[0][r][1], panel.column_scale(1), acc[r][1]);
+      }
+    } else {
+      for (int r = 0; r < Rows; ++r) {
+        acc[r][0] = _mm512_add_ps(acc[r][0], part[0][r][0]);
+        acc[r][1] = _mm512_add_ps(acc[r][1], part[0][r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+    _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+  }
+}
+
+// c[rows][32] (row stride ldc) = a[rows][K] x panel, over tiles of at most kMaxTileRows rows.
+template <class Panel>
+inline void tiny_tiles(const uint16_t* a, int64_t lda, int64_t rows, const Panel& panel,
+                       int64_t kpairs, float* c, int64_t ldc) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxTileRows) {
+    const uint16_t* ar = a + r0 * lda;
+    float* cr = c + r0 * ldc;
+    switch (rows - r0 < kMaxTileRows ? rows - r0 : kMaxTileRows) {
+      case 1: tiny_tile<1, 4>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 2: tiny_tile<2, 2>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 3: tiny_tile<3, 2>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 4: tiny_tile<4, 1>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 5: tiny_tile<5, 1>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 6: tiny_tile<6, 1>(ar, lda, panel, kpairs, cr, ldc); break;
+      case 7: tiny_tile<7, 1>(ar, lda, panel, kpairs, cr, ldc); break;
+      default: tiny_tile<8, 1>(ar, lda, panel, kpairs, cr, ldc); break;
+    }
+  }
+}
+
+// bf16 pairs (lanes = columns) times a per-column fp32 scale, rounded to nearest even, still paired.
+inline __m512i scale_pairs(__m512i pairs, __m512 scale) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512 even = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), scale);
+  const __m512 odd = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(pairs, high)), scale);
+  auto round_high = [&](__m512 v) {  // bf16 of v in the high 16 bits, round to nearest even
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), high);
+  };
+  return _mm512_or_si512(_mm512_srli_epi32(round_high(even), 16), round_high(odd));
+}
+
+// The whole panel to scaled bf16 in the VNNI layout BRGEMM reads ([K/2][32][2], ldb = 32).
+template <class Panel>
+inline void dequant_panel(Panel panel, int64_t kpairs, uint16_t* out) {
+  for (int64_t g0 = 0; g0 < kpairs; g0 += Panel::kGroupPairs) {
+    panel.begin_group(g0 / Panel::kGroupPairs);
+    const int64_t g1 = kpairs - g0 < Panel::kGroupPairs ? kpairs : g0 + Panel::kGroupPairs;
+    for (int64_t kp = g0; kp < g1; ++kp) {
+      for (int half = 0; half < 2; ++half) {
+        __m512i v = panel.row(kp, half);
+        if constexpr (Panel::kScaled) v = scale_pairs(v, panel.column_scale(half));
+        _mm512_storeu_si512(out + kp * 64 + half * 32, v);
+      }
+    }
+  }
+}
+
+// c[rows][32] (row stride ldc) = a[rows][K] x panel. Up to one tile of rows decodes the weights in
+// registers; a larger block dequantizes the panel to bf16 once (as BRGEMM would) and runs every
+// tile from that.
+template <class Panel>
+inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel& panel,
+                      int64_t kpairs, float* c, int64_t ldc) {
+  if (rows <= kMaxTileRows || !Panel::kScaled) {  // a bf16 panel is read as it is
+    tiny_tiles(a, lda, rows, panel, kpairs, c, ldc);
+    return;
+  }
+  thread_local std::vector<uint16_t> decoded;
+  decoded.resize(static_cast<size_t>(kpairs * 64));
+  dequant_panel(panel, kpairs, decoded.data());
+  tiny_tiles(a, lda, rows, Bf16Panel{decoded.data()}, kpairs, c, ldc);
+}
+
+}  // namespace isa
+}  // namespace hal_moe
