@@ -60,6 +60,23 @@ class CpuBrgemmKernel(MoEKernel):
             self._brgemm_supported = amx
         return self._brgemm_supported
 
+    @property
+    def _planner_ops(self):
+        """route_plan does not depend on the ISA, so a plan for a recorded profile runs on the
+        build this machine executes, never on one whose instructions it may lack."""
+        if self.target.caps.profile is None:
+            return self.ops
+        from hal.probe.cpu import probe_cpu
+
+        host_isa = isa_for(probe_cpu())
+        if host_isa is None:
+            raise ValueError("this CPU has neither AVX-512-BF16 nor AVX2+FMA: the planner cannot run")
+        return extension.ops(host_isa)
+
+    def compile(self) -> list:
+        self.ops  # noqa: B018  (builds this kernel's ISA specialization)
+        return [f"cpu_brgemm {self.isa}"]
+
     def baselines(self) -> dict:
         return {BASELINE_POLICY: self.with_policy(BASELINE_POLICY)}
 
@@ -97,7 +114,7 @@ class CpuBrgemmKernel(MoEKernel):
             expert_map[: spec.local_experts] = torch.arange(spec.local_experts, dtype=torch.int32)
         elif expert_map is not None:
             check_expert_map(expert_map, spec)
-        rows = self.ops.route_plan(topk_ids.cpu(), None if expert_map is None else expert_map.cpu(),
+        rows = self._planner_ops.route_plan(topk_ids.cpu(), None if expert_map is None else expert_map.cpu(),
                                    spec.local_experts, POLICIES.index(self.policy),
                                    self.brgemm_supported).tolist()
         blocks = [BlockPlan(e, s, m, n, PATH_NAMES[p1], PATH_NAMES[p2]) for e, s, m, n, p1, p2 in rows]
