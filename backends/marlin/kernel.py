@@ -13,19 +13,11 @@ from backends.marlin import build, configs, repack
 from backends.marlin.plan import MarlinPlan
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
+from hal.probe.torch_access import TORCH_PROPERTIES
 
 NAME = "marlin"
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in marlin_moe_pointwise.cuh
 
-# GpuCaps field -> torch.cuda.get_device_properties attribute, for fields a shallow probe left None.
-_TORCH_PROPERTIES = {
-    "sm_count": "multi_processor_count",
-    "smem_per_block": "shared_memory_per_block",
-    "smem_per_block_optin": "shared_memory_per_block_optin",
-    "smem_per_sm": "shared_memory_per_multiprocessor",
-    "regs_per_sm": "regs_per_multiprocessor",
-    "max_threads_per_sm": "max_threads_per_multi_processor",
-}
 
 
 @attrs.frozen
@@ -44,7 +36,7 @@ class MarlinWeights:
 def complete_gpu_caps(gpu: GpuCaps, device: torch.device) -> GpuCaps:
     """Fill the occupancy fields a shallow (NVML) probe leaves None from the CUDA runtime; only
     called where the kernel is about to run on that GPU."""
-    missing = {f: p for f, p in _TORCH_PROPERTIES.items() if getattr(gpu, f) is None}
+    missing = {f: p for f, p in TORCH_PROPERTIES.items() if getattr(gpu, f) is None}
     if not missing or device.type != "cuda":
         return gpu
     props = torch.cuda.get_device_properties(device)
