@@ -135,6 +135,10 @@ class MarlinMoEKernel(MoEKernel):
         return choice
 
     def plan(self, topk_ids) -> MarlinPlan:
+        if self._ops is None and not torch.cuda.is_available():
+            raise ValueError("Marlin's launch config is chosen from its compiled kernels' registers "
+                             "and shared memory, which need a CUDA build and GPU: run hal select on "
+                             "the GPU host for the plan")
         tokens = topk_ids if isinstance(topk_ids, int) else int(topk_ids.shape[0])
         choice = self._choice(tokens)
         bm = choice.block_m
