@@ -8,6 +8,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from importlib import metadata
 from typing import Optional
 
 import attrs
@@ -60,13 +62,17 @@ def arch_problems(gpu: Optional[GpuCaps], device: str) -> list:
 
 
 def _nvcc() -> Optional[str]:
-    from torch.utils import cpp_extension
-
-    home = cpp_extension.CUDA_HOME or os.environ.get("CUDA_HOME")
-    candidate = os.path.join(home, "bin", "nvcc") if home else None
-    if candidate and os.path.exists(candidate):
-        return candidate
-    return shutil.which("nvcc")
+    """The nvcc torch's extension builder would use, found as it finds it (CUDA_HOME or
+    CUDA_PATH, then PATH, then /usr/local/cuda) but without importing torch."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        candidate = os.path.join(home, "bin", "nvcc") if home else None
+        if candidate and os.path.exists(candidate):
+            return candidate
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.path.exists(default) else None
 
 
 @functools.cache
@@ -83,13 +89,27 @@ def nvcc_archs() -> tuple:
     return nvcc, tuple(sorted(set(re.findall(r"sm_\d+[a-z]?", text)))), None
 
 
+def torch_cuda_build() -> tuple:
+    """(torch version, whether it is a CUDA build), without importing torch when the caller has
+    not (check() runs on every `hal probe`): the wheel's local version names its build (+cu130,
+    +cpu, +rocm6.2); a version without one is PyPI's Linux wheel, a CUDA build."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.__version__, torch.version.cuda is not None
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None, False
+    local = version.partition("+")[2]
+    return version, not local.startswith(("cpu", "rocm"))
+
+
 def toolchain_problems(arch: str) -> list:
     """Reasons this host cannot build for `arch` (torch without CUDA, no nvcc, nvcc too old)."""
-    import torch
-
     problems = []
-    if torch.version.cuda is None:
-        problems.append(f"the installed torch {torch.__version__} is not a CUDA build, so the Marlin "
+    version, cuda = torch_cuda_build()
+    if not cuda:
+        problems.append(f"the installed torch {version} is not a CUDA build, so the Marlin "
                         "extension cannot be built or loaded")
     nvcc, archs, why = nvcc_archs()
     if why:

@@ -8,6 +8,7 @@ the reason rather than a failed import."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 from backends.requant.geometry import RequantGeometry, requant_launch_geometry
 from backends.requant.plan import GEMM_NOTE
@@ -24,10 +25,10 @@ RANK_INTERPRETED = RANK_REFERENCE - 1
 
 @functools.lru_cache(maxsize=1)
 def _triton_problems() -> tuple:
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # a broken install must reject, not crash selection
-        return (f"Triton is not importable ({type(exc).__name__}: {exc})",)
+    """Found without importing it: check() runs on every `hal probe`. A Triton that is installed
+    but broken fails in build(), and selection then builds the next backend."""
+    if importlib.util.find_spec("triton") is None:
+        return ("Triton is not installed",)
     return ()
 
 
@@ -68,7 +69,9 @@ class RequantBackend:
     ops = ("requant", "moe")
 
     def check(self, spec, target) -> Verdict:
-        reasons = _spec_problems(spec) + _target_problems(target) + list(_triton_problems())
+        reasons = _spec_problems(spec) + _target_problems(target)
+        if not reasons:
+            reasons = list(_triton_problems())
         return Verdict.from_reasons(reasons, _notes(spec, target) if not reasons else ())
 
     def rank(self, spec, target) -> int:

@@ -74,13 +74,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         per_tensor = fp8_per_token_to_per_tensor(x, x_scale, masked_m, data["input_scale"],
                                                  expected_rows=expected_rows, gpu=self.target.gpu,
                                                  check=False)
-        # The reference takes per-token-group activations; per-tensor ones are the same layout with
-        # every group's scale equal to the input scale. Its own requant of them gives back
-        # `per_tensor` bit for bit: (q * s) * (1 / s) rounds to q in fp8.
-        same_scale = data["input_scale"].view(1, 1, 1).expand(x_scale.shape)
-        ops.moe_masked(self.spec, per_tensor, same_scale, masked_m, data["weights"], out,
-                       compute_dtype=torch.bfloat16,
-                       experts=lambda e: (data["w13"][e], data["w2"][e], None, None))
+        ops.moe_masked_per_tensor(self.spec, per_tensor, masked_m, data["weights"], out,
+                                  compute_dtype=torch.bfloat16,
+                                  experts=lambda e: (data["w13"][e], data["w2"][e], None, None))
 
     def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
         live = rows = None
