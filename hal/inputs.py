@@ -8,75 +8,92 @@ import torch
 from hal.spec import TOKEN_GROUP, MoESpec
 
 
-def _need(cond: bool, message: str):
+def require(cond: bool, message: str):
     if not cond:
         raise ValueError(message)
 
 
 def _same_device(name: str, t: torch.Tensor, device: torch.device):
-    _need(t.device == device, f"{name} is on {t.device}: expected {device}")
+    require(t.device == device, f"{name} is on {t.device}: expected {device}")
 
 
 def check_token_inputs(spec: MoESpec, device: torch.device, x, topk_weights, topk_ids, out):
     dtype = getattr(torch, spec.act_dtype)
-    _need(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}")
-    _need(x.dim() == 2 and x.shape[1] == spec.hidden_size,
-          f"x has shape {tuple(x.shape)}: expected (M, {spec.hidden_size})")
-    _need(x.dtype == dtype, f"x has dtype {x.dtype}: expected {dtype}")
+    require(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}")
+    require(x.dim() == 2 and x.shape[1] == spec.hidden_size,
+            f"x has shape {tuple(x.shape)}: expected (M, {spec.hidden_size})")
+    require(x.dtype == dtype, f"x has dtype {x.dtype}: expected {dtype}")
     _same_device("x", x, device)
-    _need(x.is_contiguous(), "x must be contiguous")
+    require(x.is_contiguous(), "x must be contiguous")
     M = x.shape[0]
-    _need(isinstance(topk_ids, torch.Tensor) and tuple(topk_ids.shape) == (M, spec.top_k),
-          f"topk_ids has shape {tuple(getattr(topk_ids, 'shape', ()))}: expected ({M}, {spec.top_k})")
-    _need(topk_ids.dtype in (torch.int32, torch.int64),
-          f"topk_ids has dtype {topk_ids.dtype}: expected torch.int32 or torch.int64")
+    require(isinstance(topk_ids, torch.Tensor) and tuple(topk_ids.shape) == (M, spec.top_k),
+            f"topk_ids has shape {tuple(getattr(topk_ids, 'shape', ()))}: expected ({M}, {spec.top_k})")
+    require(topk_ids.dtype in (torch.int32, torch.int64),
+            f"topk_ids has dtype {topk_ids.dtype}: expected torch.int32 or torch.int64")
     _same_device("topk_ids", topk_ids, device)
-    _need(isinstance(topk_weights, torch.Tensor) and topk_weights.shape == topk_ids.shape,
-          f"topk_weights has shape {tuple(getattr(topk_weights, 'shape', ()))}: expected "
-          f"({M}, {spec.top_k})")
-    _need(topk_weights.dtype in (torch.float32, dtype),
-          f"topk_weights has dtype {topk_weights.dtype}: expected torch.float32 or {dtype}")
+    require(isinstance(topk_weights, torch.Tensor) and topk_weights.shape == topk_ids.shape,
+            f"topk_weights has shape {tuple(getattr(topk_weights, 'shape', ()))}: expected "
+            f"({M}, {spec.top_k})")
+    require(topk_weights.dtype in (torch.float32, dtype),
+            f"topk_weights has dtype {topk_weights.dtype}: expected torch.float32 or {dtype}")
     _same_device("topk_weights", topk_weights, device)
     if M and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        _need(lo >= 0 and hi < spec.num_experts,
-              f"topk_ids holds values in [{lo}, {hi}]: expected [0, {spec.num_experts})")
+        require(lo >= 0 and hi < spec.num_experts,
+                f"topk_ids holds values in [{lo}, {hi}]: expected [0, {spec.num_experts})")
     if out is not None:
-        _need(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == x.dtype,
-              f"out must be a {x.dtype} tensor of shape {tuple(x.shape)}")
+        require(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == x.dtype,
+                f"out must be a {x.dtype} tensor of shape {tuple(x.shape)}")
         _same_device("out", out, device)
-        _need(out.is_contiguous(), "out must be contiguous")
+        require(out.is_contiguous(), "out must be contiguous")
 
 
 def check_masked_inputs(num_experts: int, hidden: int, device: torch.device, x, x_scale, masked_m,
                         expected_rows=None):
     """DeepEP low-latency layout: x fp8 [E, max_m, H], x_scale fp32 [E, max_m, H/128] (row- or
     column-major in its last two dims), masked_m int32 [E] with values in [0, max_m]."""
-    _need(isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[0] == num_experts
-          and x.shape[2] == hidden,
-          f"x has shape {tuple(getattr(x, 'shape', ()))}: expected ({num_experts}, max_m, {hidden})")
-    _need(x.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz),
-          f"x has dtype {x.dtype}: expected torch.float8_e4m3fn or torch.float8_e4m3fnuz")
+    require(isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[0] == num_experts
+            and x.shape[2] == hidden,
+            f"x has shape {tuple(getattr(x, 'shape', ()))}: expected ({num_experts}, max_m, {hidden})")
+    require(x.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz),
+            f"x has dtype {x.dtype}: expected torch.float8_e4m3fn or torch.float8_e4m3fnuz")
     _same_device("x", x, device)
-    _need(x.is_contiguous(), "x must be contiguous")
+    require(x.is_contiguous(), "x must be contiguous")
     E, max_m = x.shape[0], x.shape[1]
     groups = hidden // TOKEN_GROUP
-    _need(isinstance(x_scale, torch.Tensor) and tuple(x_scale.shape) == (E, max_m, groups),
-          f"x_scale has shape {tuple(getattr(x_scale, 'shape', ()))}: expected ({E}, {max_m}, {groups})")
-    _need(x_scale.dtype == torch.float32, f"x_scale has dtype {x_scale.dtype}: expected torch.float32")
+    require(isinstance(x_scale, torch.Tensor) and tuple(x_scale.shape) == (E, max_m, groups),
+            f"x_scale has shape {tuple(getattr(x_scale, 'shape', ()))}: expected ({E}, {max_m}, {groups})")
+    require(x_scale.dtype == torch.float32, f"x_scale has dtype {x_scale.dtype}: expected torch.float32")
     _same_device("x_scale", x_scale, device)
     row_major = x_scale.stride() == (max_m * groups, groups, 1)
     col_major = x_scale.stride() == (max_m * groups, 1, max_m)
-    _need(row_major or col_major or max_m <= 1 or groups == 1,
-          f"x_scale has strides {x_scale.stride()}: expected row-major {(max_m * groups, groups, 1)} "
-          f"or column-major {(max_m * groups, 1, max_m)} in its last two dims")
-    _need(isinstance(masked_m, torch.Tensor) and tuple(masked_m.shape) == (E,)
-          and masked_m.dtype == torch.int32,
-          f"masked_m must be an int32 tensor of shape ({E},)")
+    require(row_major or col_major or max_m <= 1 or groups == 1,
+            f"x_scale has strides {x_scale.stride()}: expected row-major {(max_m * groups, groups, 1)} "
+            f"or column-major {(max_m * groups, 1, max_m)} in its last two dims")
+    require(isinstance(masked_m, torch.Tensor) and tuple(masked_m.shape) == (E,)
+            and masked_m.dtype == torch.int32,
+            f"masked_m must be an int32 tensor of shape ({E},)")
     _same_device("masked_m", masked_m, device)
     if E:
         lo, hi = int(masked_m.min()), int(masked_m.max())
-        _need(lo >= 0 and hi <= max_m,
-              f"masked_m holds values in [{lo}, {hi}]: expected [0, max_m={max_m}]")
-    _need(expected_rows is None or (isinstance(expected_rows, int) and expected_rows >= 0),
-          f"expected_rows={expected_rows!r}: expected None or an int >= 0")
+        require(lo >= 0 and hi <= max_m,
+                f"masked_m holds values in [{lo}, {hi}]: expected [0, max_m={max_m}]")
+    require(expected_rows is None or (isinstance(expected_rows, int) and expected_rows >= 0),
+            f"expected_rows={expected_rows!r}: expected None or an int >= 0")
+
+
+def check_requant_args(x, output_scale, out, fp8_dtype, source: str = "this device's FP8"):
+    """The requant's own arguments, after check_masked_inputs: x in the device's FP8, a positive
+    finite one-element fp32 output_scale beside it, and out (if given) shaped and typed like x."""
+    require(x.dtype == fp8_dtype, f"x has dtype {x.dtype}: expected {fp8_dtype}, {source}")
+    require(isinstance(output_scale, torch.Tensor) and output_scale.numel() == 1
+            and output_scale.dtype == torch.float32,
+            "output_scale must be a one-element torch.float32 tensor")
+    _same_device("output_scale", output_scale, x.device)
+    value = float(output_scale.reshape(()))
+    require(0 < value < float("inf"), f"output_scale={value}: expected a finite value > 0")
+    if out is not None:
+        require(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == fp8_dtype,
+                f"out must be a {fp8_dtype} tensor of shape {tuple(x.shape)}")
+        _same_device("out", out, x.device)
+        require(out.is_contiguous(), "out must be contiguous")

@@ -104,8 +104,11 @@ class MaskedMoEKernel(KernelBase):
             prepared.check_for(self)
             check_masked_inputs(spec.local_experts, spec.hidden_size, self.device, x, x_scale,
                                 masked_m, expected_rows)
-            if out is not None and (out.shape != x.shape or out.dtype != torch.bfloat16):
-                raise ValueError(f"out must be a bfloat16 tensor of shape {tuple(x.shape)}")
+            if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
+                                    or out.dtype != torch.bfloat16 or out.device != x.device
+                                    or not out.is_contiguous()):
+                raise ValueError(f"out must be a contiguous bfloat16 tensor of shape "
+                                 f"{tuple(x.shape)} on {x.device}")
         if out is None:
             out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
         self._run(x, x_scale, masked_m, prepared.data, out, expected_rows)

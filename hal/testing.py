@@ -3,7 +3,11 @@ measure of DESIGN.md."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from hal.caps import Caps
 
 POISON_BYTE = 0x7F  # NaN in float8_e4m3fn; for any 1-byte tensor, a sentinel the tests look for
 ACCURACY = 1e-2  # DESIGN.md: ||out - ref|| / ||ref|| against a float64 evaluation
@@ -31,3 +35,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     diff = (out.double() - ref.double()).norm()
     value = float(diff / ref.double().norm().clamp_min(1e-300))
     return value if value == value else float("inf")
+
+
+@functools.cache
+def live_cpu_caps() -> Caps:
+    """This machine's CPU as probed, whatever HAL_CAPS says: tests decide from the hardware itself
+    what can run here, since a recorded profile's AMX on an AMD box would end in SIGILL."""
+    from hal.probe.cpu import probe_cpu
+
+    return Caps(cpu=probe_cpu())

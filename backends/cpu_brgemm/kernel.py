@@ -41,6 +41,7 @@ class CpuBrgemmKernel(MoEKernel):
         self.variant = policy
         self.isa = isa
         self._brgemm_supported = None
+        self._host_checked = False
 
     @property
     def ops(self):
@@ -90,7 +91,27 @@ class CpuBrgemmKernel(MoEKernel):
     def _prepare(self, weights):
         return pack.pack(self.spec, weights)
 
+    def _check_host(self) -> None:
+        """A kernel built from recorded capabilities (a profile, HAL_CAPS) runs only where this CPU
+        has what the record promised; otherwise its instructions would end the process."""
+        if self._host_checked or self.target.caps.profile is None:
+            return
+        from hal.probe.amx import request_amx_permission
+        from hal.probe.cpu import probe_cpu
+
+        host = probe_cpu()
+        if self.isa == "avx512bf16" and isa_for(host) != "avx512bf16":
+            raise ValueError(f"this kernel was built for profile {self.target.caps.profile!r} "
+                             "(AVX-512-BF16), which this CPU lacks: select a kernel with this "
+                             "machine's capabilities")
+        if self.brgemm_supported and not (request_amx_permission() and self.ops.brgemm_packs_bf16()):
+            raise ValueError(f"this kernel was built for profile {self.target.caps.profile!r} "
+                             "(AMX usable), but this CPU cannot run AMX: select a kernel with this "
+                             "machine's capabilities")
+        self._host_checked = True
+
     def _run(self, x, topk_weights, topk_ids, data, out) -> None:
+        self._check_host()
         spec = self.spec
         self.ops.fused_moe(x, topk_weights, topk_ids, data.expert_map, data.w13, data.w13_scale,
                            data.w2, data.w2_scale, data.b13, data.b2, out,

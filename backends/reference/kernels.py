@@ -89,11 +89,12 @@ class ReferenceRequantKernel(RequantKernel):
 
     def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
                  check: bool = True):
-        from hal.inputs import check_masked_inputs
+        from hal.inputs import check_masked_inputs, check_requant_args
 
         if check:
             check_masked_inputs(self.spec.num_experts, self.spec.hidden_size, self.device, x,
                                 x_scale, masked_m, expected_rows)
+            check_requant_args(x, output_scale, out, self.fp8_dtype)
         if out is None:
             out = torch.empty(x.shape, dtype=self.fp8_dtype, device=x.device)
         return ops.requant_fp8(x, x_scale, masked_m, output_scale, out)

@@ -10,47 +10,30 @@ from backends.requant import triton_kernels, tuning
 from backends.requant.device import DeviceTraits, device_traits
 from backends.requant.geometry import RequantGeometry, legacy_column_blocks, requant_launch_geometry
 from hal.caps import GpuCaps
-from hal.inputs import check_masked_inputs
+from hal.inputs import check_masked_inputs, check_requant_args, require
 
 GEOMETRIES = ("tuned", "legacy")
 
 
-def _need(cond: bool, message: str):
-    if not cond:
-        raise ValueError(message)
-
-
 def _check(x, x_scale, masked_m, output_scale, out, expected_rows, geometry, warp_size,
            traits: DeviceTraits):
-    _need(x.dim() == 3,
-          f"x has shape {tuple(getattr(x, 'shape', ()))}: expected (experts, max_m, hidden)")
+    require(x.dim() == 3,
+            f"x has shape {tuple(getattr(x, 'shape', ()))}: expected (experts, max_m, hidden)")
     hidden = x.shape[2]
-    _need(hidden % tuning.GROUP_SIZE == 0,
-          f"x has hidden size {hidden}: expected a multiple of {tuning.GROUP_SIZE}")
+    require(hidden % tuning.GROUP_SIZE == 0,
+            f"x has hidden size {hidden}: expected a multiple of {tuning.GROUP_SIZE}")
     check_masked_inputs(x.shape[0], hidden, x.device, x, x_scale, masked_m, expected_rows)
-    _need(x.dtype == traits.fp8_dtype,
-          f"x has dtype {x.dtype}: expected {traits.fp8_dtype}, this device's FP8 ({traits.source})")
-    _need(isinstance(output_scale, torch.Tensor) and output_scale.numel() == 1
-          and output_scale.dtype == torch.float32,
-          "output_scale must be a one-element torch.float32 tensor")
-    _need(output_scale.device == x.device, f"output_scale is on {output_scale.device}: expected {x.device}")
-    value = float(output_scale.reshape(()))
-    _need(value > 0 and value != float("inf"), f"output_scale={value}: expected a finite value > 0")
-    if out is not None:
-        _need(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == traits.fp8_dtype,
-              f"out must be a {traits.fp8_dtype} tensor of shape {tuple(x.shape)}")
-        _need(out.device == x.device, f"out is on {out.device}: expected {x.device}")
-        _need(out.is_contiguous(), "out must be contiguous")
-    _need(isinstance(geometry, RequantGeometry) or geometry in GEOMETRIES,
-          f"geometry={geometry!r} is not allowed: expected 'tuned', 'legacy' or a RequantGeometry")
+    check_requant_args(x, output_scale, out, traits.fp8_dtype, f"this device's FP8 ({traits.source})")
+    require(isinstance(geometry, RequantGeometry) or geometry in GEOMETRIES,
+            f"geometry={geometry!r} is not allowed: expected 'tuned', 'legacy' or a RequantGeometry")
     if isinstance(geometry, RequantGeometry):
         g = geometry.g_block
-        _need(g >= 1 and g & (g - 1) == 0, f"geometry.g_block={g}: expected a power of two")
-        _need(geometry.m_grid >= 1, f"geometry.m_grid={geometry.m_grid}: expected >= 1")
-        _need(geometry.row_cap >= 0, f"geometry.row_cap={geometry.row_cap}: expected >= 0")
-    _need(warp_size is None or (isinstance(warp_size, int) and warp_size > 0
-                                and warp_size & (warp_size - 1) == 0),
-          f"warp_size={warp_size!r} is not allowed: expected None or a power of two")
+        require(g >= 1 and g & (g - 1) == 0, f"geometry.g_block={g}: expected a power of two")
+        require(geometry.m_grid >= 1, f"geometry.m_grid={geometry.m_grid}: expected >= 1")
+        require(geometry.row_cap >= 0, f"geometry.row_cap={geometry.row_cap}: expected >= 0")
+    require(warp_size is None or (isinstance(warp_size, int) and warp_size > 0
+                                  and warp_size & (warp_size - 1) == 0),
+            f"warp_size={warp_size!r} is not allowed: expected None or a power of two")
 
 
 def resolve_geometry(geometry, num_groups: int, num_experts: int, max_m: int,

@@ -3,8 +3,6 @@ checked run of the kernel against the float64 reference."""
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 import pytest
 import torch
@@ -12,15 +10,11 @@ import torch
 from backends.reference import ops as reference
 from hal import synth
 from hal.backend import Target
+from hal.testing import ACCURACY, live_cpu_caps, rel_err
 
-REL_TOL = 1e-2  # DESIGN.md accuracy contract against float64
 
-
-@functools.cache
 def this_machine():
-    import hal
-
-    return hal.probe()
+    return live_cpu_caps()
 
 
 def runnable_isas():
@@ -52,14 +46,9 @@ def make_kernel(spec, target, isa, policy="per_block"):
     return CpuBrgemmKernel(spec, target, policy=policy, isa=isa)
 
 
-def rel_err(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def check_against_reference(kernel, weights, prepared, x, topk_weights, topk_ids):
     """Runs into a poisoned out= tensor and checks every element was written and the result is
-    within REL_TOL of the float64 reference; returns the output."""
+    within ACCURACY of the float64 reference; returns the output."""
     spec = kernel.spec
     out = torch.full_like(x, float("nan"))  # poison: unwritten elements stay NaN
     got = kernel(x, topk_weights, topk_ids, prepared, out=out)
@@ -67,7 +56,7 @@ def check_against_reference(kernel, weights, prepared, x, topk_weights, topk_ids
     assert not torch.isnan(out).any(), "the kernel left output elements unwritten"
     ref = reference.moe_tokens(spec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float64)
     err = rel_err(out, ref)
-    assert err <= REL_TOL, f"rel err {err:.3e} > {REL_TOL} ({kernel.policy}, {kernel.isa})"
+    assert err <= ACCURACY, f"rel err {err:.3e} > {ACCURACY} ({kernel.policy}, {kernel.isa})"
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.cpu_brgemm import backend
+from hal import synth
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, Target
 from hal.caps import AmxState, Caps, CpuCaps, IsaFlags
 from hal.spec import MoESpec
@@ -77,3 +78,20 @@ def test_refuses_sizes_off_32_and_masked_and_old_cpus():
                      weight_format="w4afp8", layout="masked")
     reasons = backend.check(masked, _target(AVX2)).reasons
     assert any("layout='masked'" in r for r in reasons) and any("w4afp8" in r for r in reasons)
+
+
+def test_a_kernel_built_for_an_amx_profile_refuses_to_run_without_amx():
+    import hal
+    from hal.testing import live_cpu_caps
+
+    if live_cpu_caps().cpu.amx.usable:
+        pytest.skip("this CPU has usable AMX: the profile's promise holds here")
+    spec = hal.MoESpec(num_experts=4, top_k=1, hidden_size=128, intermediate_size=64,
+                       weight_format="fp8_block128")
+    kernel = hal.select_moe_kernel(spec, "cpu", caps=hal.probe(profile="emerald-rapids"),
+                                   prefer="cpu_brgemm")
+    weights = synth.random_weights(spec)
+    x = synth.random_tokens(spec, 8)
+    tw, ti = synth.random_routing(spec, 8)
+    with pytest.raises(ValueError, match="built for profile 'emerald-rapids'"):
+        kernel(x, tw, ti, kernel.prepare_weights(weights))

@@ -74,3 +74,21 @@ def test_masked_w4afp8_rows_beyond_masked_m_untouched():
         assert torch.isnan(out[e, m:]).all()
     want = ops.moe_masked(spec, x, scale, masked_m, w, torch.zeros_like(out), torch.float64)
     assert (out[1].double() - want[1].double()).norm() <= 2e-2 * want[1].double().norm()
+
+
+def test_requant_kernel_rejects_bad_arguments_by_name():
+    kernel = hal.select_requant_kernel(hal.RequantSpec(num_experts=2, hidden_size=256), "cpu",
+                                       caps=Caps(), prefer="reference")
+    x, scale, masked_m = random_masked_inputs(2, 256, 3, [3, 1], seed=4)
+    s_out = torch.tensor([0.05])
+    cases = [
+        (dict(out=torch.empty(x.shape, dtype=torch.bfloat16)), r"^out must be a torch.float8_e4m3fn"),
+        (dict(output_scale=torch.tensor([0.0])), r"^output_scale=0.0: expected a finite value > 0"),
+        (dict(output_scale=torch.tensor([1, 2.0])), r"^output_scale must be a one-element"),
+        (dict(x=x.view(torch.uint8)), r"^x has dtype torch.uint8"),
+    ]
+    for change, message in cases:
+        args = dict(x=x, x_scale=scale, masked_m=masked_m, output_scale=s_out, out=None) | change
+        with pytest.raises(ValueError, match=message):
+            kernel(args["x"], args["x_scale"], args["masked_m"], args["output_scale"], out=args["out"])
+    assert kernel(x, scale, masked_m, s_out).dtype == torch.float8_e4m3fn
