@@ -20,8 +20,8 @@ class ReferencePlan:
     compute: str
 
     def describe(self) -> str:
-        return (f"reference: {self.routes} routes over {self.experts_used} experts, one torch "
-                f"matmul pair per expert ({self.compute})")
+        return (f"reference: {self.routes} routes over {self.experts_used} routed experts, one "
+                f"torch matmul pair per local expert ({self.compute})")
 
 
 def _dequantized_experts(kernel, weights):

@@ -23,6 +23,7 @@ def add_parser(sub):
     moe.add_argument("--routing", type=str_list, default=["uniform"],
                      help="comma list of uniform, concentrated, one_expert")
     moe.add_argument("--backend", help="bench this backend as the main kernel (default: the selected)")
+    moe.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     moe.add_argument("--no-reference", action="store_true", help="skip the torch reference (slow)")
     moe.add_argument("--only", action="store_true",
                      help="time only the main kernel, its baselines and the reference, not the "
@@ -45,7 +46,6 @@ def add_parser(sub):
 
 def _common(p, default_device="cpu"):
     p.add_argument("--device", default=default_device, help="cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print results as JSON")

@@ -1,6 +1,7 @@
 """Capability probe: what this machine's CPU and GPUs can do, with where each fact came from.
 
-    probe()                 files, two syscalls and NVML: fast, no CUDA context, fork-safe
+    probe()                 files, arch_prctl (which also asks for AMX permission where the CPU
+                            and kernel support it) and NVML: fast, no CUDA context, fork-safe
     probe(deep=True)        also torch/Triton device properties (creates a CUDA/HIP context)
     probe(profile="h200")   a recorded profile instead of this machine; HAL_CAPS=file.json likewise
 """

@@ -98,8 +98,13 @@ def _nvml_gpus(gpus: dict, section_unknown: dict) -> None:
         count = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-        for index, nvml_index in enumerate(visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                                                uuids)):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        order = visible_nvml_indices(visible, uuids)
+        if count and not order and visible and "MIG-" in visible:
+            section_unknown["gpus.nvidia"] = (f"CUDA_VISIBLE_DEVICES={visible!r} names MIG instances, "
+                                              "which this probe does not resolve: hal probe --deep "
+                                              "reads them through torch")
+        for index, nvml_index in enumerate(order):
             found = gpus.setdefault(index, Findings())
             found.found("vendor", "nvidia", "nvml")
             found.found("driver_version", driver, "nvml")
