@@ -37,6 +37,16 @@ def is_poison(t: torch.Tensor) -> torch.Tensor:
     return torch.isnan(t) if t.dtype.is_floating_point else t == -1
 
 
+def assert_masked_rows(out: torch.Tensor, ref: torch.Tensor, masked_m) -> None:
+    """Masked layout [E, max_m, ...]: out's live rows equal ref's byte for byte and none is poison;
+    rows at or beyond masked_m[e] still hold their poison."""
+    for e, m in enumerate(masked_m.tolist()):
+        assert torch.equal(out[e, :m].view(torch.uint8), ref[e, :m].view(torch.uint8)), \
+            f"expert {e}: live rows differ"
+        assert bool(is_poison(out[e, m:]).all()), f"expert {e}: a row >= masked_m was written"
+        assert not bool(is_poison(out[e, :m]).any()), f"expert {e}: a live row was not written"
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; NaN anywhere makes it infinite, never a pass."""
     diff = (out.double() - ref.double()).norm()

@@ -9,6 +9,7 @@ import torch
 
 from backends.reference.ops import requant_fp8
 from hal.synth import random_masked_inputs
+from hal.testing import assert_masked_rows
 
 pytestmark = pytest.mark.cuda
 
@@ -49,13 +50,7 @@ def inputs(hidden, mask, layout, seed):
 
 def check_against_reference(x, scale, masked_m, out, dtype):
     s_out = torch.tensor([OUTPUT_SCALE], device=x.device)
-    want = requant_fp8(x, scale, masked_m, s_out, poisoned(x, dtype)).view(torch.uint8)
-    got = out.view(torch.uint8)
-    nan_byte = int(poisoned(x[:1, :1, :1], dtype).view(torch.uint8).item())
-    for e, m in enumerate(masked_m.tolist()):
-        assert torch.equal(got[e, :m], want[e, :m]), f"expert {e}: live rows differ"
-        assert bool((got[e, m:] == nan_byte).all()), f"expert {e}: a row >= masked_m was written"
-        assert not bool((got[e, :m] == nan_byte).any()), f"expert {e}: a live row was not written"
+    assert_masked_rows(out, requant_fp8(x, scale, masked_m, s_out, poisoned(x, dtype)), masked_m)
 
 
 @pytest.mark.parametrize("layout", ["row", "column"])

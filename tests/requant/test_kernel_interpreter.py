@@ -11,6 +11,7 @@ import torch
 from backends.reference.ops import requant_fp8
 from hal.caps import GpuCaps, GpuFeatures
 from hal.synth import random_masked_inputs
+from hal.testing import assert_masked_rows
 
 pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("interpreter")]
 
@@ -33,15 +34,6 @@ def run(x, scale, masked_m, poisoned, dtype=torch.float8_e4m3fn, output_scale=OU
     return out, ref
 
 
-def assert_same_bytes(out, ref, masked_m):
-    bits, want = out.view(torch.uint8), ref.view(torch.uint8)
-    nan_byte = torch.tensor([float("nan")]).to(out.dtype).view(torch.uint8)[0]
-    for e, m in enumerate(masked_m.tolist()):
-        assert torch.equal(bits[e, :m], want[e, :m]), f"expert {e}: live rows differ"
-        assert bool((bits[e, m:] == nan_byte).all()), f"expert {e}: a row >= masked_m was written"
-        assert not bool((bits[e, :m] == nan_byte).any()), f"expert {e}: a live row was not written"
-
-
 @pytest.mark.parametrize("layout", ["row", "column"])
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hidden", [128, 384, 1152])
@@ -50,7 +42,7 @@ def test_tuned_and_legacy_match_the_reference(layout, mask, hidden, poisoned):
                                               scale_layout=layout)
     for geometry, expected_rows in (("tuned", None), ("tuned", 2), ("tuned", 0), ("legacy", None)):
         out, ref = run(x, scale, masked_m, poisoned, geometry=geometry, expected_rows=expected_rows)
-        assert_same_bytes(out, ref, masked_m)
+        assert_masked_rows(out, ref, masked_m)
 
 
 def test_every_launch_geometry_writes_the_same_bytes(poisoned):
@@ -60,14 +52,14 @@ def test_every_launch_geometry_writes_the_same_bytes(poisoned):
     for g_block, m_grid, row_cap in itertools.product((1, 2, 8, 16), (1, 3, 4), (0, 1, 3, 9)):
         out, ref = run(x, scale, masked_m, poisoned,
                        geometry=RequantGeometry(g_block, m_grid, row_cap))
-        assert_same_bytes(out, ref, masked_m)
+        assert_masked_rows(out, ref, masked_m)
 
 
 def test_hot_expert_rows_go_through_the_second_phase(poisoned):
     """Skew: one expert far above the cap, the others at or under it."""
     x, scale, masked_m = random_masked_inputs(6, 256, 24, [24, 1, 0, 2, 1, 3], seed=3)
     out, ref = run(x, scale, masked_m, poisoned, expected_rows=(31 + 6) // 6)
-    assert_same_bytes(out, ref, masked_m)
+    assert_masked_rows(out, ref, masked_m)
 
 
 def test_fnuz_devices_saturate_at_their_own_max(poisoned):
@@ -79,11 +71,11 @@ def test_fnuz_devices_saturate_at_their_own_max(poisoned):
     x = x.float().clamp(-fnuz_max, fnuz_max).to(torch.float8_e4m3fnuz)  # torch's cast does not saturate
     out, ref = run(x, scale, masked_m, poisoned, dtype=torch.float8_e4m3fnuz, output_scale=4.0 / 448,
                    gpu=mi300x, expected_rows=3)
-    assert_same_bytes(out, ref, masked_m)
+    assert_masked_rows(out, ref, masked_m)
     assert float(out[0, :5].float().abs().max()) == 240.0, "expected some values to saturate"
 
 
 def test_ep_style_many_experts_few_rows(poisoned):
     x, scale, masked_m = random_masked_inputs(40, 256, 3, [i % 4 for i in range(40)], seed=11)
     out, ref = run(x, scale, masked_m, poisoned, expected_rows=(60 + 40) // 40)
-    assert_same_bytes(out, ref, masked_m)
+    assert_masked_rows(out, ref, masked_m)
