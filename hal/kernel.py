@@ -38,6 +38,16 @@ class KernelBase:
         self.device = torch.device(target.device)
         self.decision = None  # set by the registry
 
+    def _validated(self, weights) -> MoEWeights:
+        if not isinstance(weights, MoEWeights):
+            raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
+        return weights.validate(self.spec)
+
+    def _check_prepared(self, prepared) -> None:
+        if not isinstance(prepared, Prepared):
+            raise ValueError("prepared must come from this kernel's prepare_weights")
+        prepared.check_for(self)
+
     def compile(self) -> list:
         """Build every JIT specialization this kernel needs now; return their descriptions.
         Kernels with nothing to compile return []."""
@@ -55,9 +65,7 @@ class MoEKernel(KernelBase):
     """Token layout: kernel(x [M, H], topk_weights [M, k], topk_ids [M, k], prepared) -> [M, H]."""
 
     def prepare_weights(self, weights: MoEWeights) -> Prepared:
-        if not isinstance(weights, MoEWeights):
-            raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
-        weights.validate(self.spec)
+        self._validated(weights)
         if weights.w13.device != self.device:
             raise ValueError(f"weights are on {weights.w13.device}: expected {self.device}")
         return Prepared(self.backend, self.spec, self._prepare(weights))
@@ -65,9 +73,7 @@ class MoEKernel(KernelBase):
     def __call__(self, x, topk_weights, topk_ids, prepared: Prepared, out: Optional[torch.Tensor] = None,
                  *, check: bool = True):
         if check:
-            if not isinstance(prepared, Prepared):
-                raise ValueError("prepared must come from this kernel's prepare_weights")
-            prepared.check_for(self)
+            self._check_prepared(prepared)
             check_token_inputs(self.spec, self.device, x, topk_weights, topk_ids, out)
         if out is None:
             out = torch.empty_like(x)
@@ -90,18 +96,14 @@ class MaskedMoEKernel(KernelBase):
     [E, max_m, H]. Rows at or beyond masked_m[e] are never read or written."""
 
     def prepare_weights(self, weights: MoEWeights) -> Prepared:
-        if not isinstance(weights, MoEWeights):
-            raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
-        weights.validate(self.spec)
+        self._validated(weights)
         return Prepared(self.backend, self.spec, self._prepare(weights))
 
     def __call__(self, x, x_scale, masked_m, prepared: Prepared, expected_rows: Optional[int] = None,
                  out: Optional[torch.Tensor] = None, *, check: bool = True):
         spec: MoESpec = self.spec
         if check:
-            if not isinstance(prepared, Prepared):
-                raise ValueError("prepared must come from this kernel's prepare_weights")
-            prepared.check_for(self)
+            self._check_prepared(prepared)
             check_masked_inputs(spec.local_experts, spec.hidden_size, self.device, x, x_scale,
                                 masked_m, expected_rows)
             if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape

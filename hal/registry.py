@@ -154,10 +154,14 @@ def decide(spec, target: Target, found: Iterable[Discovered], prefer: Optional[s
             candidates.append(Candidate(item.name, Verdict.reject(f"{forced_by} names {prefer!r}")))
         else:
             candidates.append(_candidate(item, op, spec, target))
-    accepted = [c for c in candidates if c.verdict.ok]
-    winner = max(accepted, key=lambda c: c.rank).name if accepted else None
     return Decision(op, spec, target.device, target.caps.profile or "probed", tuple(candidates),
-                    winner, forced_by)
+                    _winner(candidates), forced_by)
+
+
+def _winner(candidates) -> Optional[str]:
+    """The accepted candidate of highest rank, or None."""
+    accepted = [c for c in candidates if c.verdict.ok]
+    return max(accepted, key=lambda c: c.rank).name if accepted else None
 
 
 def _resolve_caps(caps: Optional[Caps], device: str) -> Caps:
@@ -190,9 +194,7 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
             candidates = tuple(
                 Candidate(c.name, Verdict.reject(f"build failed: {type(exc).__name__}: {exc}"))
                 if c.name == failed else c for c in decision.candidates)
-            accepted = [c for c in candidates if c.verdict.ok]
-            decision = attrs.evolve(decision, candidates=candidates,
-                                    winner=max(accepted, key=lambda c: c.rank).name if accepted else None)
+            decision = attrs.evolve(decision, candidates=candidates, winner=_winner(candidates))
             continue
         kernel.decision = decision
         winner = next(c for c in decision.candidates if c.name == decision.winner)
