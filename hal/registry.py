@@ -71,6 +71,9 @@ class Decision:
         order = sorted(self.candidates, key=lambda c: (c.name != self.winner, not c.verdict.ok,
                                                        -(c.rank or 0), c.name))
         lines += [c.line(c.name == self.winner) for c in order]
+        if not self.candidates:
+            lines.append(f"  no backend is registered under the {ENTRY_POINT_GROUP!r} entry points: "
+                         "install the package (pip install -e .) so its metadata lists them")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

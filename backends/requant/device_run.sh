@@ -7,6 +7,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-/tmp/requant-run}"
 mkdir -p "$OUT"
 
+# Installed, not only on the path: the registry finds backends through the package's entry points.
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/machine.txt"

@@ -60,10 +60,11 @@ def tile_groups(num_groups: int, num_experts: int, group_size: int, warp_size: i
     return min(pow2_floor(groups), pow2_floor(num_groups))
 
 
-def m_grid_for(num_experts: int, expected_rows: Optional[int]) -> int:
+def m_grid_for(num_experts: int, expected_rows: Optional[int], column_blocks: int) -> int:
     """Programs per expert along rows. The dispatcher reports (rows + E) // E, one high at exact
     averages, so the estimate is rounded down to a power of two: rounding up would double the grid
-    at every power of two."""
+    at every power of two. A grid small enough to be resident at once gets more programs per
+    expected row (RESIDENT_PROGRAMS_PER_ROW), so a hot expert's rows spread over them."""
     if expected_rows is None:
         return tuning.M_GRID_MAX
     rows = pow2_floor(max(expected_rows, 1))
@@ -71,6 +72,9 @@ def m_grid_for(num_experts: int, expected_rows: Optional[int]) -> int:
     if rows < tuning.SCARCE_ROWS_BELOW:
         budget = pow2_floor(max(tuning.SCARCE_PROGRAM_BUDGET // num_experts, 1))
         m_grid = min(m_grid, max(budget, tuning.M_GRID_MIN))
+    if num_experts * tuning.M_GRID_MAX * column_blocks <= tuning.ONE_WAVE_PROGRAMS:
+        resident = max(tuning.RESIDENT_PROGRAMS_PER_ROW * rows, tuning.RESIDENT_M_GRID_MIN)
+        m_grid = max(m_grid, min(resident, tuning.M_GRID_MAX))
     return m_grid
 
 
@@ -90,11 +94,11 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
     if expected_rows is not None:
         _need_int("expected_rows", expected_rows, 0)
     g_block = tile_groups(num_groups, num_experts, group_size, warp_size)
-    m_grid = m_grid_for(num_experts, expected_rows)
+    m_grid = m_grid_for(num_experts, expected_rows, -(-num_groups // g_block))
     if expected_rows is None or num_experts > tuning.OVERFLOW_MAX_EXPERTS:
         row_cap = max_rows
     else:
-        row_cap = min(tuning.ROW_CAP_SLACK * expected_rows, max_rows)
+        row_cap = min(max(tuning.ROW_CAP_SLACK * expected_rows, m_grid), max_rows)
     return RequantGeometry(g_block, m_grid, row_cap)
 
 

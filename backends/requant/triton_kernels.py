@@ -54,8 +54,9 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
 
     Phase 1: program (c, p, e) requantizes rows p, p + m_grid, ... below min(masked_m[e], row_cap).
     Phase 2 (HAS_OVERFLOW): the rows at or beyond row_cap, over all experts, form one flat list
-    ordered by expert; the m_grid x experts programs of column block c share it round-robin, and a
-    flat index f goes back to (expert, row) through the prefix sum of per-expert overflow counts."""
+    ordered by expert; the m_grid x experts programs of column block c share it round-robin, last
+    m-programs first, and a flat index f goes back to (expert, row) through the prefix sum of
+    per-expert overflow counts."""
     column_block = tl.program_id(0)
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
@@ -75,7 +76,10 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
     if HAS_OVERFLOW:
         overflow = tl.maximum(all_rows - row_cap, 0)
         total = tl.sum(overflow, 0)
-        first = expert * m_grid + m_program
+        # Flat slots go to the highest m-programs of every expert first: those are the ones phase 1
+        # left without a row (program p has one only below its expert's rows), so a hot expert's
+        # programs do not also take its overflow.
+        first = (m_grid - 1 - m_program) * num_experts + expert
         # Most programs have no shared row; they skip the prefix sum and its barriers.
         if first < total:
             ends = tl.cumsum(overflow, 0)  # ends[e]: one past expert e's last flat index

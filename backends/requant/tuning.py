@@ -43,11 +43,26 @@ SCARCE_PROGRAM_BUDGET = 1024
 # every program carries rows and the m-grid returns to its historic 32.
 SCARCE_ROWS_BELOW = 2 * M_GRID_MAX
 
+# programs resident at once: 16 4-warp programs on each of an H200's 132 SMs is 2112, rounded down
+# to a power of two. A grid of at most this many programs (all column blocks) runs in one wave.
+ONE_WAVE_PROGRAMS = 2048
+# programs per expected row in a grid that fits ONE_WAVE_PROGRAMS: resident programs cost nothing
+# while they wait, so such a grid gives a hot expert at up to 4x the average one row per program
+# (up to M_GRID_MAX). Measured on the H200, 8 experts x 7168: 8 rows with one expert at 4x, 3.92 us
+# at m-grid 8, 2.71 us at 32 (legacy 2.86 us); 1 row, all on one expert, 1.92 us at 4, 1.66 us at 8
+# (legacy 1.89 us); 1 row evenly spread, 1.57 us at 4 and 8, 1.91 us at 32.
+RESIDENT_PROGRAMS_PER_ROW = 4
+# programs per expert, lower bound in a resident grid: the m-grid for 1 and 2 expected rows alike,
+# so the dispatcher's one-high report of an average of 1 row does not move it.
+RESIDENT_M_GRID_MIN = 8
+
 # --- the row cap and the shared overflow phase ---------------------------------------------------
 
 # row_cap = ROW_CAP_SLACK x expected rows: rows beyond twice the average belong to a hot expert
 # and are shared by every program; ordinary variation around the average stays with its expert,
-# so the shared phase's per-row lookup is only paid under real imbalance.
+# so the shared phase's per-row lookup is only paid under real imbalance. The cap is never below
+# the m-grid either: an expert with no more rows than programs gives each program at most one, and
+# moving those rows to the shared phase would only add its bookkeeping.
 ROW_CAP_SLACK = 2
 # experts: the shared phase keeps a prefix sum over every expert's overflow in one program's
 # registers (EXPERTS_POW2 int32 values over 128 lanes); above this many local experts it would

@@ -138,6 +138,11 @@ struct Tile {
   static constexpr int kPipeBytes = STAGES * kStageUnits * 16;
   static constexpr int kReduceBytes = kWarpsK > 1 ? kWarpsN * kAccPerThread * 32 * 4 : 0;
   static constexpr int kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
+  // Decode-sized blocks (8-16 rows) need several resident blocks per SM to keep weight loads in
+  // flight, so hold them to 128 registers a thread (2 blocks of 256 threads, 4 of 128). Without the
+  // bound ptxas picked 161 registers for m16 k128 n256 t256 in the plain build and 127 in the EP +
+  // bias build of the same tile, so the occupancy rule saw two different kernels.
+  static constexpr int kMinBlocksPerSm = BM <= 16 ? 65536 / (THREADS * 128) : 1;
 
   static_assert(BM == 8 || BM % 16 == 0, "block_m is 8 or a multiple of 16");
   static_assert(TK == 64 || TK == 128, "thread_k divides the 128 scale group and is >= 64");
@@ -343,7 +348,8 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
 }
 
 template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kIsEP, bool kHasBias>
-__global__ void __launch_bounds__(THREADS) marlin_moe_gemm(const GemmParams<T> p) {
+__global__ void __launch_bounds__(THREADS, (Tile<BM, TK, TN, THREADS, STAGES>::kMinBlocksPerSm))
+marlin_moe_gemm(const GemmParams<T> p) {
   extern __shared__ int4 smem[];
   __shared__ int s_routes[BM];
   const int tid = threadIdx.x;

@@ -88,6 +88,11 @@ def test_nothing_fits_lists_every_reason():
     assert "reason one" in str(err.value) and "reason two" in str(err.value)
 
 
+def test_no_registered_backend_says_how_to_register_them():
+    with pytest.raises(hal.NoKernelError, match="pip install -e"):
+        select_moe_kernel(SPEC, "cpu", caps=CAPS, backends=[])
+
+
 def test_failed_build_falls_to_the_next_backend():
     backends = found(FakeBackend("best", 9, build_error="nvcc exploded"), FakeBackend("next", 1))
     kernel = select_moe_kernel(SPEC, "cpu", caps=CAPS, backends=backends)

@@ -76,9 +76,13 @@ def test_plain_probe_imports_no_torch_and_creates_no_context():
 
 
 def test_plain_probe_with_torch_loaded_keeps_cuda_uninitialised():
-    torch = pytest.importorskip("torch")
-    probe()
-    assert not torch.cuda.is_initialized()
+    """A fresh interpreter, since an earlier test in this process may have used CUDA."""
+    pytest.importorskip("torch")
+    code = ("import torch; from hal.probe import probe; probe(); "
+            "print(int(torch.cuda.is_initialized()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          check=True)
+    assert done.stdout.split() == ["0"]
 
 
 def test_missing_files_become_reasons(monkeypatch, tmp_path):

@@ -101,6 +101,19 @@ def test_grid_shrinks_while_experts_fill_it_and_lifts_once_rows_carry_the_work()
         assert num_experts * g.m_grid <= max(tuning.SCARCE_PROGRAM_BUDGET, num_experts * tuning.M_GRID_MIN)
 
 
+def test_a_grid_resident_at_once_gives_programs_for_a_hot_expert():
+    # 8 experts x 7168 columns: 8-group tiles, 7 column blocks, 8 x 32 x 7 = 1792 programs
+    per_row = tuning.RESIDENT_PROGRAMS_PER_ROW
+    assert geometry(DSV3_GROUPS, 8, expected_rows=9, max_rows=64).m_grid == min(8 * per_row, 32)
+    assert geometry(DSV3_GROUPS, 8, expected_rows=5).m_grid == 4 * per_row
+    for reported in (1, 2, 3):
+        g = geometry(DSV3_GROUPS, 8, expected_rows=reported, max_rows=64)
+        assert g.m_grid == tuning.RESIDENT_M_GRID_MIN
+        assert g.row_cap == g.m_grid  # no more rows than programs: nothing for the shared phase
+    # 256 experts: the full grid would be 32768 programs; the rows and the scarce budget decide
+    assert geometry(DSV3_GROUPS, 256, expected_rows=9).m_grid == tuning.M_GRID_MIN
+
+
 def test_very_many_experts_keep_every_row_with_its_expert():
     g = geometry(num_experts=tuning.OVERFLOW_MAX_EXPERTS + 1, expected_rows=2, max_rows=64)
     assert g.row_cap == 64
