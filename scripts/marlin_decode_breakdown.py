@@ -39,7 +39,8 @@ def breakdown(model: str, tokens: int, iters: int) -> dict:
     emap = random_expert_map(spec, seed=8, device="cuda") if spec.is_ep else None
     if emap is not None:
         weights = attrs.evolve(weights, expert_map=emap)
-    data = kernel.prepare_weights(weights).data
+    prepared = kernel.prepare_weights(weights)
+    data = prepared.data
     ops = kernel.loaded_ops()
     plan = kernel.plan(tokens)
     bm, top_k = plan.block_m, spec.top_k
@@ -87,7 +88,6 @@ def breakdown(model: str, tokens: int, iters: int) -> dict:
         return best
 
     outs = [torch.empty_like(s[0]) for s in sets]
-    prepared = kernel.prepare_weights(weights)
     layer = timed([lambda s=s, o=o: kernel(s[0], s[1], s[2], prepared, out=o, check=False)
                    for s, o in zip(sets, outs, strict=True)])
     route = timed([lambda s=s: ops.route(s[2], emap, spec.num_experts, bm) for s in sets])
