@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 
-import attrs
 import torch
 
 from backends.marlin import configs
+from hal.bench.moe import DEFAULT_ROTATE, bench_weights, input_sets
 from hal.bench.timing import time_calls
 from hal.presets import PRESETS
 from hal.registry import select_moe_kernel
-from hal.synth import random_expert_map, random_routing, random_tokens, random_weights
 
-ROTATE = 8  # input sets per timing, as `hal bench`
 LOCAL_EXPERTS = {"deepseek-v3": 32}  # one EP8 rank, as the benchmark
 SPLITS = (1, 2, 4, 8, 16)
 
@@ -35,22 +33,16 @@ def breakdown(model: str, tokens: int, iters: int) -> dict:
     kw = {"num_local_experts": LOCAL_EXPERTS[model]} if model in LOCAL_EXPERTS else {}
     spec = PRESETS[model].spec("int4_g128", **kw)
     kernel = select_moe_kernel(spec, "cuda", prefer="marlin")
-    weights = random_weights(spec, device="cuda", seed=7)
-    emap = random_expert_map(spec, seed=8, device="cuda") if spec.is_ep else None
-    if emap is not None:
-        weights = attrs.evolve(weights, expert_map=emap)
+    weights, emap = bench_weights(spec, "cuda")
     prepared = kernel.prepare_weights(weights)
     data = prepared.data
     ops = kernel.loaded_ops()
     plan = kernel.plan(tokens)
     bm, top_k = plan.block_m, spec.top_k
     routes = tokens * top_k
-    sets, touched = [], 0.0
-    for i in range(ROTATE):
-        x = random_tokens(spec, tokens, seed=1000 + i, device="cuda")
-        tw, ti = random_routing(spec, tokens, "uniform", seed=2000 + i, device="cuda")
-        local = ti.long() if emap is None else emap.long()[ti.long()]
-        touched += local[local >= 0].unique().numel() / ROTATE
+    token_sets, touched, _ = input_sets(spec, tokens, "uniform", DEFAULT_ROTATE, "cuda", emap)
+    sets = []
+    for x, tw, ti in token_sets:
         sorted_routes, block_expert, num_blocks, _ = ops.route(ti, emap, spec.num_experts, bm)
         a2 = torch.randn(routes, spec.intermediate_size, device="cuda").to(x.dtype)
         sets.append((x, tw.float().contiguous(), ti, sorted_routes, block_expert, num_blocks, a2))

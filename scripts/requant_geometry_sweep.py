@@ -18,10 +18,9 @@ import torch
 
 from backends.requant.geometry import RequantGeometry, requant_launch_geometry
 from backends.requant.op import fp8_per_token_to_per_tensor
-from hal.bench.requant import MAX_ROTATE, ROTATE_BYTES, skewed_rows
+from hal.bench.requant import point_inputs
 from hal.bench.timing import time_calls
 from hal.spec import TOKEN_GROUP
-from hal.synth import random_masked_inputs
 
 POINTS = (  # hidden, experts, rows per expert, skew
     (7168, 256, 1, 1), (7168, 512, 1, 1), (7168, 128, 1, 1), (7168, 56, 1, 1), (7168, 32, 1, 1),
@@ -34,14 +33,8 @@ M_GRIDS = (1, 2, 4, 8, 16, 32)
 
 
 def sweep_point(device, hidden, experts, rows, skew, iters):
-    masked_rows = skewed_rows(experts, rows, skew)
-    max_m = max(masked_rows)
-    live = sum(masked_rows)
-    expected = (live + experts) // experts  # as the dispatcher reports it
-    per_set = live * (2 * hidden + 4 * (hidden // TOKEN_GROUP))
-    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // per_set)))
-    sets = [random_masked_inputs(experts, hidden, max_m, masked_rows, seed=i, device=device)
-            for i in range(rotate)]
+    point = point_inputs(device, hidden, experts, rows, skew, torch.float8_e4m3fn)
+    sets, max_m, expected = point.sets, point.max_m, point.expected_rows
     out_scale = torch.tensor([0.05], device=device)
     outs = [torch.empty_like(s[0]) for s in sets]
     live_rows = torch.arange(max_m, device=device)[None, :] < sets[0][2][:, None]

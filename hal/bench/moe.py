@@ -66,7 +66,18 @@ def variants(spec, device: str, caps, backend: Optional[str] = None, include_ref
     return out
 
 
-def _input_sets(spec, tokens: int, routing: str, rotate: int, device: str, expert_map):
+def bench_weights(spec, device: str):
+    """The benchmark's weights (fixed seed) and, under EP, its expert map, attached to the weights."""
+    from hal.synth import random_expert_map, random_weights
+
+    weights = random_weights(spec, device=device, seed=7)
+    expert_map = random_expert_map(spec, seed=8, device=device) if spec.is_ep else None
+    if expert_map is not None:
+        weights = attrs.evolve(weights, expert_map=expert_map)
+    return weights, expert_map
+
+
+def input_sets(spec, tokens: int, routing: str, rotate: int, device: str, expert_map):
     from hal.synth import random_routing, random_tokens
 
     sets = []
@@ -90,17 +101,13 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
     import torch
 
     from hal.bench import ceilings as ceiling_probe
-    from hal.synth import random_expert_map, random_weights
 
     if threads:
         torch.set_num_threads(threads)
     print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
     ceilings = ceilings or ceiling_probe.measure(device)
     print(f"[hal bench] {ceilings.describe()}", file=log, flush=True)
-    weights = random_weights(spec, device=device, seed=7)
-    expert_map = random_expert_map(spec, seed=8, device=device) if spec.is_ep else None
-    if expert_map is not None:
-        weights = attrs.evolve(weights, expert_map=expert_map)
+    weights, expert_map = bench_weights(spec, device)
     kernels = variants(spec, device, caps, backend, include_reference, include_others)
     baseline = kernels[1][0] if len(kernels) > 1 and ":" in kernels[1][0] else None
     prepared = {}
@@ -110,7 +117,7 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
     rows = []
     for routing in routings:
         for m in tokens:
-            sets, touched, routes = _input_sets(spec, m, routing, rotate, device, expert_map)
+            sets, touched, routes = input_sets(spec, m, routing, rotate, device, expert_map)
             outs = [torch.empty_like(x) for x, _, _ in sets]
             weight_bytes = touched * spec.weight_bytes_per_expert()
             flops = routes * spec.flops_per_token()

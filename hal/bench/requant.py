@@ -57,6 +57,34 @@ def skewed_rows(experts: int, rows: int, skew: int) -> list:
     return [hot] + [rest + (1 if i < extra else 0) for i in range(experts - 1)]
 
 
+@attrs.frozen
+class PointInputs:
+    """The rotated input sets of one benchmark point and what the dispatcher would report for it."""
+
+    sets: list  # (x, x_scale, masked_m) per set
+    max_m: int
+    expected_rows: int  # (live rows + E) // E, as DeepEP's dispatcher reports it
+    live_bytes: int  # per set: fp8 in + fp8 out + fp32 scales of the live rows
+
+
+def point_inputs(device: str, hidden: int, experts: int, rows: int, skew: int, fp8_dtype,
+                 min_max_m: int = 0) -> PointInputs:
+    """Inputs for `experts` x `rows` rows of `hidden` columns, one expert taking `skew` x rows, rotated
+    until their live bytes pass ROTATE_BYTES (or the sets fill MAX_SETS_BYTES)."""
+    from hal.synth import random_masked_inputs
+
+    masked = skewed_rows(experts, rows, skew)
+    max_m = max(max(masked), min_max_m)
+    live = sum(masked)
+    row_bytes = 2 * hidden + 4 * (hidden // TOKEN_GROUP)
+    per_set = live * row_bytes
+    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // max(per_set, 1)),
+                        MAX_SETS_BYTES // (experts * max_m * row_bytes)))
+    sets = [random_masked_inputs(experts, hidden, max_m, masked, seed=i, device=device,
+                                 fp8_dtype=fp8_dtype) for i in range(rotate)]
+    return PointInputs(sets, max_m, (live + experts) // experts, per_set)
+
+
 def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: Sequence[int],
         skews: Sequence[int], *, backend: Optional[str] = None, min_max_m: int = 0,
         warmup: int = DEFAULT_WARMUP,
@@ -66,7 +94,6 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
     from hal.bench import ceilings as ceiling_probe
     from hal.registry import select_requant_kernel
     from hal.spec import RequantSpec
-    from hal.synth import random_masked_inputs
 
     print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
     ceilings = ceilings or ceiling_probe.measure(device)
@@ -80,29 +107,22 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
             baseline = kernels[1][0] if len(kernels) > 1 else None
             for r in rows:
                 for skew in skews:
-                    masked = skewed_rows(e, r, skew)
-                    max_m = max(max(masked), min_max_m)
-                    live = sum(masked)
-                    expected = (live + e) // e  # what DeepEP's dispatcher reports
-                    per_set = live * (2 * h + 4 * (h // TOKEN_GROUP))
-                    footprint = e * max_m * (2 * h + 4 * (h // TOKEN_GROUP))
-                    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // max(per_set, 1)),
-                                        MAX_SETS_BYTES // footprint))
-                    sets = [random_masked_inputs(e, h, max_m, masked, seed=i, device=device,
-                                                 fp8_dtype=main.fp8_dtype) for i in range(rotate)]
+                    point = point_inputs(device, h, e, r, skew, main.fp8_dtype, min_max_m)
                     scale = torch.tensor([0.05], device=device)
                     timings = {}
                     for label, kernel in kernels:
-                        outs = [torch.empty(x.shape, dtype=x.dtype, device=device) for x, _, _ in sets]
-                        calls = [(lambda k=kernel, s=s, o=o, c=scale, n=expected:
+                        outs = [torch.empty(x.shape, dtype=x.dtype, device=device)
+                                for x, _, _ in point.sets]
+                        calls = [(lambda k=kernel, s=s, o=o, c=scale, n=point.expected_rows:
                                   k(s[0], s[1], s[2], c, out=o, expected_rows=n, check=False))
-                                 for s, o in zip(sets, outs, strict=True)]
+                                 for s, o in zip(point.sets, outs, strict=True)]
                         timings[label] = time_calls(device, calls, warmup, iters)
+                    per_set = point.live_bytes
                     floor = ceilings.floor_s(per_set)
                     for label, t in timings.items():
                         out_rows.append(RequantRow(
-                            h, e, r, skew, expected, label, t, max_m, per_set, per_set / t.median_s / 1e9,
-                            t.median_s / floor,
+                            h, e, r, skew, point.expected_rows, label, t, point.max_m, per_set,
+                            per_set / t.median_s / 1e9, t.median_s / floor,
                             timings[baseline].median_s / t.median_s if baseline else None))
                     best = timings[main.backend].median_s
                     print(f"[hal bench] H={h} E={e} rows={r} skew={skew}: {best * 1e6:.1f} us"
