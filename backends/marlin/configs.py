@@ -18,7 +18,6 @@ import functools
 import math
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Optional
 
 import attrs
@@ -26,7 +25,7 @@ import attrs
 from hal.caps import GpuCaps
 from hal.spec import MoESpec
 
-CONFIG_HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "marlin_moe_configs.h"
+CONFIG_HEADER = "cuda/marlin_moe_configs.h"  # read from the installed kernel sources (hal.jit)
 POLICIES = ("occupancy", "first_valid")
 
 # --- tuning constants -------------------------------------------------------------------------
@@ -130,7 +129,9 @@ def _parse_header(text: str) -> tuple:
 @functools.lru_cache(maxsize=1)
 def candidates() -> tuple:
     """Every compiled config, in table order (the index the kernel op takes)."""
-    return _parse_header(CONFIG_HEADER.read_text())
+    from hal import jit
+
+    return _parse_header(jit.source_file(CONFIG_HEADER).read_text())
 
 
 def token_bucket(tokens: int) -> int:
