@@ -1,4 +1,4 @@
-"""The MoE benchmark: the selected kernel, its baselines (the seed's "before") and every other
+"""The MoE benchmark: the selected kernel, its baselines (the rule it replaces) and every other
 backend that accepts the spec, timed side by side over token counts and routings, on the same
 inputs, with ceilings measured in the same run."""
 
@@ -10,6 +10,7 @@ from typing import Optional
 
 import attrs
 
+from hal.bench import machine
 from hal.bench.ceilings import Ceilings
 from hal.bench.table import table_lines
 from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
@@ -66,6 +67,17 @@ def variants(spec, device: str, caps, backend: Optional[str] = None, include_ref
     return out
 
 
+def check_fits(spec, device: str, variants: int) -> None:
+    """A ValueError, before anything is allocated, when the weights and one prepared copy per
+    variant would not fit in the memory free on `device`."""
+    free = machine.free_bytes(device)
+    need = spec.local_experts * spec.weight_bytes_per_expert() * (1 + variants)
+    if free is not None and need > free * (1 - machine.INPUT_SHARE):
+        raise ValueError(f"the weights and {variants} prepared copies need about {machine.gib(need)}, "
+                         f"{machine.gib(free)} is free on {device}: bench fewer experts "
+                         "(--local-experts) or fewer variants (--only, --no-reference, --backend)")
+
+
 def bench_weights(spec, device: str):
     """The benchmark's weights (fixed seed) and, under EP, its expert map, attached to the weights."""
     from hal.synth import random_expert_map, random_weights
@@ -104,11 +116,12 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
 
     if threads:
         torch.set_num_threads(threads)
+    kernels = variants(spec, device, caps, backend, include_reference, include_others)
+    check_fits(spec, device, len(kernels))
     print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
     ceilings = ceilings or ceiling_probe.measure(device)
     print(f"[hal bench] {ceilings.describe()}", file=log, flush=True)
     weights, expert_map = bench_weights(spec, device)
-    kernels = variants(spec, device, caps, backend, include_reference, include_others)
     baseline = kernels[1][0] if len(kernels) > 1 and ":" in kernels[1][0] else None
     prepared = {}
     for label, kernel in kernels:

@@ -10,6 +10,7 @@ from typing import Optional
 
 import attrs
 
+from hal.bench import machine
 from hal.bench.ceilings import Ceilings
 from hal.bench.table import table_lines
 from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
@@ -19,7 +20,9 @@ from hal.spec import TOKEN_GROUP
 # measure memory rather than the cache left warm by the previous replay.
 ROTATE_BYTES = 120 << 20
 MAX_ROTATE = 64  # launches per replayed graph
-MAX_SETS_BYTES = 24 << 30  # allocated inputs per point, so 512 experts x 2048 rows still fit
+# Allocated input sets per point at most (512 experts x 2048 rows fit on a 141 GB GPU); lowered to
+# a share of the free memory on smaller machines (hal.bench.machine).
+MAX_SETS_BYTES = 24 << 30
 
 
 @attrs.frozen
@@ -44,6 +47,7 @@ class RequantBench:
     ceilings: Ceilings
     baseline: Optional[str]
     rows: tuple
+    skipped: tuple = ()  # points whose one input set did not fit the memory budget, and why
 
 
 def skewed_rows(experts: int, rows: int, skew: int) -> list:
@@ -67,10 +71,16 @@ class PointInputs:
     live_bytes: int  # per set: fp8 in + fp8 out + fp32 scales of the live rows
 
 
+def set_bytes(hidden: int, experts: int, max_m: int) -> int:
+    """One allocated input set with its output: fp8 in + fp8 out + fp32 scales, every row."""
+    return experts * max_m * (2 * hidden + 4 * (hidden // TOKEN_GROUP))
+
+
 def point_inputs(device: str, hidden: int, experts: int, rows: int, skew: int, fp8_dtype,
-                 min_max_m: int = 0) -> PointInputs:
+                 min_max_m: int = 0, budget: int = MAX_SETS_BYTES) -> Optional[PointInputs]:
     """Inputs for `experts` x `rows` rows of `hidden` columns, one expert taking `skew` x rows, rotated
-    until their live bytes pass ROTATE_BYTES (or the sets fill MAX_SETS_BYTES)."""
+    until their live bytes pass ROTATE_BYTES or the sets fill `budget` bytes; None when one set
+    alone does not fit in `budget`."""
     from hal.synth import random_masked_inputs
 
     masked = skewed_rows(experts, rows, skew)
@@ -78,8 +88,10 @@ def point_inputs(device: str, hidden: int, experts: int, rows: int, skew: int, f
     live = sum(masked)
     row_bytes = 2 * hidden + 4 * (hidden // TOKEN_GROUP)
     per_set = live * row_bytes
-    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // max(per_set, 1)),
-                        MAX_SETS_BYTES // (experts * max_m * row_bytes)))
+    one_set = set_bytes(hidden, experts, max_m)
+    if one_set > budget:
+        return None
+    rotate = max(1, min(MAX_ROTATE, -(-ROTATE_BYTES // max(per_set, 1)), budget // one_set))
     sets = [random_masked_inputs(experts, hidden, max_m, masked, seed=i, device=device,
                                  fp8_dtype=fp8_dtype) for i in range(rotate)]
     return PointInputs(sets, max_m, (live + experts) // experts, per_set)
@@ -95,10 +107,12 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
     from hal.registry import select_requant_kernel
     from hal.spec import RequantSpec
 
+    budget = machine.input_budget(device, MAX_SETS_BYTES)
     print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
     ceilings = ceilings or ceiling_probe.measure(device)
-    print(f"[hal bench] {ceilings.describe()}", file=log, flush=True)
-    out_rows, baseline = [], None
+    print(f"[hal bench] {ceilings.describe()}; inputs up to {machine.gib(budget)} per point",
+          file=log, flush=True)
+    out_rows, baseline, skipped = [], None, []
     for h in hidden:
         for e in experts:
             main = select_requant_kernel(RequantSpec(e, h), device, caps=caps, prefer=backend)
@@ -107,7 +121,15 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
             baseline = kernels[1][0] if len(kernels) > 1 else None
             for r in rows:
                 for skew in skews:
-                    point = point_inputs(device, h, e, r, skew, main.fp8_dtype, min_max_m)
+                    point = point_inputs(device, h, e, r, skew, main.fp8_dtype, min_max_m, budget)
+                    if point is None:
+                        max_m = max(max(skewed_rows(e, r, skew)), min_max_m)
+                        why = (f"H={h} E={e} rows={r} skew={skew}: one input set needs "
+                               f"{machine.gib(set_bytes(h, e, max_m))}, over the "
+                               f"{machine.gib(budget)} budget on {device}")
+                        print(f"[hal bench] skip {why}", file=log, flush=True)
+                        skipped.append(why)
+                        continue
                     scale = torch.tensor([0.05], device=device)
                     timings = {}
                     for label, kernel in kernels:
@@ -128,7 +150,7 @@ def run(device: str, caps, hidden: Sequence[int], experts: Sequence[int], rows: 
                     print(f"[hal bench] H={h} E={e} rows={r} skew={skew}: {best * 1e6:.1f} us"
                           + (f", {baseline} {timings[baseline].median_s * 1e6:.1f} us" if baseline else ""),
                           file=log, flush=True)
-    return RequantBench(device, ceilings, baseline, tuple(out_rows))
+    return RequantBench(device, ceilings, baseline, tuple(out_rows), tuple(skipped))
 
 
 def format_table(result: RequantBench, markdown: bool = False) -> str:
@@ -141,5 +163,6 @@ def format_table(result: RequantBench, markdown: bool = False) -> str:
     notes = [result.ceilings.describe(),
              "x floor: median over max(empty launch, bytes / copy rate); x base: the baseline's "
              "median over the row's (> 1 is faster)"]
+    notes += [f"skipped {why}" for why in result.skipped]
     return "\n".join(notes + [""] + table_lines(head, body, markdown))
 

@@ -71,7 +71,7 @@ def _capture(calls):
 def time_gpu(calls: Sequence[Callable[[], object]], warmup: int = DEFAULT_WARMUP,
              iters: int = DEFAULT_ITERS, graph: bool = True) -> Timing:
     """graph=False times eager launches. The copy ceiling needs it: captured in a graph, torch's
-    copy_ measured 2.7 TB/s on the H200 (2026-11-29), against the 4.2-4.3 TB/s recorded there for
+    copy_ measured 2.7 TB/s on an H200, against the 4.2-4.3 TB/s recorded there for
     eager copies."""
     import torch
 

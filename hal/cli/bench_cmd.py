@@ -1,9 +1,10 @@
-"""`hal bench moe|requant`: time kernels side by side with their baselines on this machine."""
+"""`hal bench moe|requant|suite`: time kernels side by side with their baselines on this machine."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import attrs
 
@@ -43,6 +44,14 @@ def add_parser(sub):
     _common(req, default_device="cuda")
     req.set_defaults(run=run_requant)
 
+    suite = modes.add_parser("suite", help="a named suite of moe/requant runs, JSON and markdown per run")
+    suite.add_argument("name", nargs="?", help="the suite (--list shows them)")
+    suite.add_argument("--list", action="store_true", help="list the suites and what each runs")
+    suite.add_argument("--device", help="run every entry on this device (default: the suite's)")
+    suite.add_argument("--iters", type=int, help="override every entry's --iters")
+    suite.add_argument("--out", default="bench-results", help="folder for <suite>/<entry>.json|.md")
+    suite.set_defaults(run=run_suite)
+
 
 def _common(p, default_device="cpu"):
     p.add_argument("--device", default=default_device, help="cpu | cuda | cuda:N")
@@ -53,19 +62,75 @@ def _common(p, default_device="cpu"):
     p.add_argument("--out", help="also write the JSON results to this file")
 
 
-def _emit(args, result, table: str) -> int:
+def _payload(result, command: str) -> dict:
     payload = attrs.asdict(result, value_serializer=lambda _, __, v: str(v) if hasattr(v, "dtype") else v)
-    payload["command"] = "hal " + " ".join(sys.argv[1:])
+    payload["command"] = command
+    return payload
+
+
+def _emit(args, result, format_table) -> int:
+    payload = _payload(result, "hal " + " ".join(sys.argv[1:]))
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(payload, handle, indent=2, default=str)
-    print(json.dumps(payload, indent=2, default=str) if args.json else table)
+    print(json.dumps(payload, indent=2, default=str) if args.json else format_table(result, args.markdown))
     return 0
 
 
 def run_moe(args) -> int:
+    from hal.bench import moe
+
+    return _emit(args, _bench_moe(args), moe.format_table)
+
+
+def run_requant(args) -> int:
+    from hal.bench import requant
+
+    return _emit(args, _bench_requant(args), requant.format_table)
+
+
+def run_suite(args) -> int:
+    from hal.bench import suites
+    from hal.bench.machine import require_device
+    from hal.cli.main import parser
+    from hal.registry import normalize_device
+
+    if args.list or not args.name:
+        for s in suites.SUITES.values():
+            print(f"{s.name:<12} {s.device:<5} {s.about}")
+            for label, argv in s.entries:
+                print(f"    {label:<16} hal bench {' '.join(argv)}")
+        return 0
+    suite = suites.get(args.name)
+    device = args.device or suite.device
+    require_device(normalize_device(device))
+    folder = Path(args.out) / suite.name
+    folder.mkdir(parents=True, exist_ok=True)
+    sections = [f"# hal bench suite {suite.name}", "", suite.about, ""]
+    for label, argv in suite.entries:
+        argv = ["bench", *argv, "--device", device] + (["--iters", str(args.iters)] if args.iters else [])
+        entry = parser().parse_args(argv)
+        command = "hal " + " ".join(argv)
+        print(f"[hal bench] {suite.name}/{label}: {command}", file=sys.stderr, flush=True)
+        if entry.mode == "moe":
+            from hal.bench.moe import format_table
+            result = _bench_moe(entry)
+        else:
+            from hal.bench.requant import format_table
+            result = _bench_requant(entry)
+        (folder / f"{label}.json").write_text(json.dumps(_payload(result, command), indent=2, default=str))
+        table = format_table(result, markdown=True)
+        (folder / f"{label}.md").write_text(table + "\n")
+        sections += [f"## {label}", "", f"`{command}`", "", table, ""]
+    (folder / "README.md").write_text("\n".join(sections))
+    print(f"{suite.name}: {len(suite.entries)} runs, JSON and markdown in {folder}")
+    return 0
+
+
+def _bench_moe(args):
     import hal
     from hal.bench import moe
+    from hal.bench.machine import require_device
     from hal.registry import normalize_device
 
     for routing in args.routing:
@@ -76,21 +141,22 @@ def run_moe(args) -> int:
         raise ValueError("hal bench moe times the token layout; w4afp8 (masked) runs under "
                          "`hal bench requant` for its requant stage")
     device = normalize_device(args.device)
+    require_device(device)
     caps = hal.probe(deep=device != "cpu")
-    result = moe.run(spec, device, caps, args.tokens, args.routing, backend=args.backend,
-                     threads=args.threads, warmup=args.warmup, iters=args.iters,
-                     include_reference=not args.no_reference, include_others=not args.only)
-    return _emit(args, result, moe.format_table(result, args.markdown))
+    return moe.run(spec, device, caps, args.tokens, args.routing, backend=args.backend,
+                   threads=args.threads, warmup=args.warmup, iters=args.iters,
+                   include_reference=not args.no_reference, include_others=not args.only)
 
 
-def run_requant(args) -> int:
+def _bench_requant(args):
     import hal
     from hal.bench import requant
+    from hal.bench.machine import require_device
     from hal.registry import normalize_device
 
     device = normalize_device(args.device)
+    require_device(device)
     caps = hal.probe(deep=device != "cpu")
-    result = requant.run(device, caps, args.hidden, args.experts, args.rows, args.skew,
-                         backend=args.backend, min_max_m=args.min_max_m, warmup=args.warmup,
-                         iters=args.iters)
-    return _emit(args, result, requant.format_table(result, args.markdown))
+    return requant.run(device, caps, args.hidden, args.experts, args.rows, args.skew,
+                       backend=args.backend, min_max_m=args.min_max_m, warmup=args.warmup,
+                       iters=args.iters)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from hal.cli import bench_cmd, build_cmd, probe_cmd, profiles_cmd, select_cmd
@@ -33,6 +34,16 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of our output went away (`hal probe | head`): stop quietly. Python would
+    otherwise report the broken pipe again when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, as a shell reports a command the pipe closed on
 
 
 if __name__ == "__main__":

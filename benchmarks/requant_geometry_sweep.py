@@ -1,8 +1,9 @@
 """Time explicit requant launch geometries against the legacy launch at chosen points, to set the
-rules in backends/requant/tuning.py from measurements. Same inputs, rotation and CUDA-graph timing
-as `hal bench requant`. Every geometry's output is checked byte for byte against the legacy one.
+rules in backends/requant/tuning.py from measurements. Same inputs, rotation, memory budget and
+CUDA-graph timing as `hal bench requant`. Every geometry's output is checked byte for byte against
+the legacy one.
 
-    python scripts/requant_geometry_sweep.py [--iters 3] > sweep.jsonl 2> sweep.txt
+    python benchmarks/requant_geometry_sweep.py [--iters 3] > sweep.jsonl 2> sweep.txt
 
 stdout: one JSON line per point with every geometry's median (us); stderr: per point, the tuned
 rule's pick and the six fastest geometries."""
@@ -18,7 +19,8 @@ import torch
 
 from backends.requant.geometry import RequantGeometry, requant_launch_geometry
 from backends.requant.op import fp8_per_token_to_per_tensor
-from hal.bench.requant import point_inputs
+from hal.bench import machine
+from hal.bench.requant import MAX_SETS_BYTES, point_inputs
 from hal.bench.timing import time_calls
 from hal.spec import TOKEN_GROUP
 
@@ -33,7 +35,11 @@ M_GRIDS = (1, 2, 4, 8, 16, 32)
 
 
 def sweep_point(device, hidden, experts, rows, skew, iters):
-    point = point_inputs(device, hidden, experts, rows, skew, torch.float8_e4m3fn)
+    budget = machine.input_budget(device, MAX_SETS_BYTES)
+    point = point_inputs(device, hidden, experts, rows, skew, torch.float8_e4m3fn, budget=budget)
+    if point is None:
+        raise SystemExit(f"H={hidden} E={experts} rows={rows}: one input set does not fit in "
+                         f"{machine.gib(budget)} on {device}")
     sets, max_m, expected = point.sets, point.max_m, point.expected_rows
     out_scale = torch.tensor([0.05], device=device)
     outs = [torch.empty_like(s[0]) for s in sets]

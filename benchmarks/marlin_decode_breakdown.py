@@ -2,7 +2,7 @@
 each GEMM alone with the planner's config, then every compiled config and K split for each GEMM
 (the fastest one and its time). Same weights, rotated inputs and CUDA-graph timing as `hal bench`.
 
-    python scripts/marlin_decode_breakdown.py [--models mixtral-8x7b,deepseek-v3] [--tokens 1,8,32]
+    python benchmarks/marlin_decode_breakdown.py [--models mixtral-8x7b,deepseek-v3] [--tokens 1,8,32]
 
 GB/s counts each GEMM's checkpoint bytes (int4 + scales) of the local experts the inputs touch."""
 
@@ -19,7 +19,7 @@ from hal.bench.timing import time_calls
 from hal.presets import PRESETS
 from hal.registry import select_moe_kernel
 
-LOCAL_EXPERTS = {"deepseek-v3": 32}  # one EP8 rank, as the issue's benchmark
+LOCAL_EXPERTS = {"deepseek-v3": 32}  # one rank of 8-way expert parallelism, as `hal bench suite marlin`
 SPLITS = (1, 2, 4, 8, 16)
 
 
