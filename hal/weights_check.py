@@ -1,4 +1,4 @@
-"""Shape and dtype contract of `MoEWeights` for each weight format (DESIGN.md, "Weight formats")."""
+"""Shape and dtype contract of `MoEWeights` for each weight format (docs/contract.md, "Weight formats")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# One device run: install, capture profiles, run the probe tests, record nvidia-smi and lscpu.
+# On a GPU host: install, capture profiles, run the probe tests, record nvidia-smi and lscpu (all
+# under $OUT).
 set -o pipefail
 pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/pip.txt" 2>&1
 export PYTHONPATH=$PWD  # the checkout wins even where the editable install did not take

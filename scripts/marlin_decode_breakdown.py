@@ -19,7 +19,7 @@ from hal.bench.timing import time_calls
 from hal.presets import PRESETS
 from hal.registry import select_moe_kernel
 
-LOCAL_EXPERTS = {"deepseek-v3": 32}  # one EP8 rank, as the benchmark
+LOCAL_EXPERTS = {"deepseek-v3": 32}  # one EP8 rank, as in docs/backends/marlin.md's tables
 SPLITS = (1, 2, 4, 8, 16)
 
 

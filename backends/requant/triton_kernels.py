@@ -97,7 +97,7 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
 def requant_legacy_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_ptr,
                           max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g, fp8_max,
                           TILE: tl.constexpr, GROUP: tl.constexpr):
-    """The seed's launch, kept as the benchmark baseline: grid = (hidden / TILE, 32, experts), a
+    """The legacy launch, kept as the benchmark baseline: grid = (hidden / TILE, 32, experts), a
     flat TILE-element tile and a scale gathered per element. Same arithmetic, same bytes."""
     column_block = tl.program_id(0)
     m_program = tl.program_id(1)
