@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU host: `hal probe` as an operator sees it, the ceilings `hal bench` measures,
-# and `tox -e cuda` offline on the image's packages. Carry .whl (tox and its dependencies).
+# On a GPU host without network: `hal probe` as an operator sees it, the ceilings `hal bench`
+# measures, and `tox -e cuda` on the image's packages. tox and its dependencies come as wheels in
+# .whl/; results land in $OUT.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/device-final}"
