@@ -46,7 +46,7 @@ def test_dispatcher_reporting_one_high_does_not_move_the_grid(num_experts):
         assert reported == exact, f"E={num_experts} rows={rows}"
 
 
-def test_no_estimate_keeps_the_historic_grid_and_no_cap():
+def test_no_estimate_keeps_the_legacy_grid_and_no_cap():
     for num_experts in (8, 56, 512):
         g = geometry(K3_GROUPS, num_experts, max_rows=128)
         assert g.m_grid == tuning.LEGACY_M_GRID == 32
