@@ -195,9 +195,21 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
 
 }  // namespace
 
+// Full schemas: the written outputs (gemm's c, moe's out) are declared mutable, so torch.compile,
+// functionalization and torch.library.opcheck see what each op writes.
 TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
-  m.def("kernel_attributes", &kernel_attributes);
-  m.def("route", &route);
-  m.def("gemm", &gemm);
-  m.def("moe", &moe);
+  m.def("kernel_attributes() -> Tensor", &kernel_attributes);
+  m.def("route(Tensor topk_ids, Tensor? expert_map, int num_experts, int block_m) "
+        "-> (Tensor, Tensor, Tensor, Tensor)",
+        &route);
+  m.def("gemm(Tensor a, int a_route_div, Tensor w, Tensor scales, int group, Tensor? bias, "
+        "Tensor? route_weight, Tensor sorted_routes, Tensor block_expert, Tensor num_blocks, "
+        "Tensor(a!) c, int c_row_div, bool c_atomic, int routes, int grid_m, int config, "
+        "int splits) -> ()",
+        &gemm);
+  m.def("moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor s13, Tensor w2, "
+        "Tensor s2, Tensor? b13, Tensor? b2, Tensor? expert_map, Tensor(a!) out, int num_experts, "
+        "int inter, int group13, int group2, int config13, int splits13, int config2, int splits2, "
+        "int grid_m, int activation, float alpha, float limit) -> ()",
+        &moe);
 }

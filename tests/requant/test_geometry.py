@@ -126,17 +126,3 @@ def test_bad_arguments_name_themselves(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
         geometry(**bad)
-
-
-@pytest.mark.profiles
-@pytest.mark.parametrize("profile, g_block_wide, g_block_narrow", [("h200", 16, 8), ("mi300x", 32, 16)])
-def test_recorded_profiles_give_their_geometry(profile, g_block_wide, g_block_narrow):
-    import hal
-
-    if profile not in hal.profiles():
-        pytest.skip(f"profile {profile!r} is not recorded yet (have {hal.profiles()})")
-    gpu = hal.probe(profile=profile).gpus[0]
-    wide = geometry(DSV3_GROUPS, 256, expected_rows=2, warp_size=gpu.warp_size, max_rows=4096)
-    assert tuple(wide) == (g_block_wide, 4, 4)
-    narrow = geometry(DSV3_GROUPS, 8, expected_rows=129, warp_size=gpu.warp_size, max_rows=4096)
-    assert tuple(narrow) == (g_block_narrow, 32, 258)
