@@ -117,8 +117,8 @@ class CpuBrgemmKernel(MoEKernel):
         if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 \
                 or topk_ids.shape[1] != spec.top_k or topk_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"topk_ids must be an int32/int64 tensor of shape (M, {spec.top_k})")
-        if topk_ids.numel() and not (0 <= int(topk_ids.min()) and int(topk_ids.max()) < spec.num_experts):
-            raise ValueError(f"topk_ids must hold expert ids in [0, {spec.num_experts})")
+        if topk_ids.numel() and not (-1 <= int(topk_ids.min()) and int(topk_ids.max()) < spec.num_experts):
+            raise ValueError(f"topk_ids must hold expert ids in [0, {spec.num_experts}) or -1 (no route)")
         assumed = spec.is_ep and expert_map is None
         if assumed:
             expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32)

@@ -55,6 +55,7 @@ class ReferenceMoEKernel(MoEKernel):
 
     def plan(self, topk_ids):
         ids = topk_ids.long()
+        ids = ids[(ids >= 0) & (ids < self.spec.num_experts)]  # -1 and bad ids are no route
         return ReferencePlan(experts_used=int(torch.unique(ids).numel()), routes=int(ids.numel()),
                              compute=f"{self.spec.act_dtype} matmuls, fp32 accumulation of routes")
 

@@ -79,9 +79,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> route(const Tensor& topk_ids,
     map = expert_map->data_ptr<int>();
   }
   check_cuda(hal_marlin::run_route(
+                 // This op touches no weights: local ids are bounded by the global count only.
                  hal_marlin::RouteProblem{topk_ids.data_ptr(), topk_ids.scalar_type() == at::kLong,
                                           static_cast<int>(routes), static_cast<int>(num_experts),
-                                          static_cast<int>(block_m), map, sorted.data_ptr<int>(),
+                                          static_cast<int>(num_experts), static_cast<int>(block_m),
+                                          map, sorted.data_ptr<int>(),
                                           block_expert.data_ptr<int>(), num_blocks.data_ptr<int>(),
                                           route_expert.data_ptr<int>()},
                  c10::cuda::getCurrentCUDAStream()),
@@ -172,6 +174,7 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.tokens = static_cast<int>(tokens);
   p.top_k = static_cast<int>(top_k);
   p.num_experts = static_cast<int>(num_experts);
+  p.local_experts = static_cast<int>(w13.size(0));
   p.hidden = static_cast<int>(hidden);
   p.inter = static_cast<int>(inter);
   p.w13_rows = static_cast<int>(w13_rows);
