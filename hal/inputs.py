@@ -39,8 +39,9 @@ def check_token_inputs(spec: MoESpec, device: torch.device, x, topk_weights, top
     _same_device("topk_weights", topk_weights, device)
     if M and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        require(lo >= 0 and hi < spec.num_experts,
-                f"topk_ids holds values in [{lo}, {hi}]: expected [0, {spec.num_experts})")
+        require(lo >= -1 and hi < spec.num_experts,
+                f"topk_ids holds values in [{lo}, {hi}]: expected [-1, {spec.num_experts}) "
+                "(an expert id, or -1 for no route)")
     if out is not None:
         require(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == x.dtype,
                 f"out must be a {x.dtype} tensor of shape {tuple(x.shape)}")

@@ -1,16 +1,37 @@
-"""Kernel objects that `select_moe_kernel` returns. A backend subclasses one of them and fills in
-`_prepare`, `_run` and `plan`; the base does validation, output allocation and bookkeeping."""
+"""The kernel templates, one per op (hal.ops): what `select_*_kernel` returns. Each template
+validates the call's arguments (skipped with check=False), allocates the output, returns at once
+when there is nothing to compute, and only then calls the backend's hook. A backend subclasses
+the template of each op it serves and fills in its hooks:
+
+    op          template          hooks
+    moe         MoEKernel         _prepare(weights), _run(x, topk_weights, topk_ids, data, out),
+                                  plan(topk_ids)
+    moe_masked  MaskedMoEKernel   _prepare(weights), _run(x, x_scale, masked_m, data, out,
+                                  expected_rows), plan(masked_m, expected_rows=None, max_m=None)
+    requant     RequantKernel     _run(x, x_scale, masked_m, output_scale, out, expected_rows),
+                                  plan(max_m, expected_rows=None)
+
+Every plan() returns an object with describe() -> str (the `Plan` protocol): the per-call
+decision in words, as `hal select` prints it."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
 
 import attrs
 import torch
 
 from hal.backend import Target
-from hal.inputs import check_masked_inputs, check_token_inputs
+from hal.inputs import check_masked_inputs, check_requant_args, check_token_inputs, require
+from hal.live import refine
 from hal.spec import MoESpec, MoEWeights
+
+
+@runtime_checkable
+class Plan(Protocol):
+    """What kernel.plan(...) returns, for every op and backend."""
+
+    def describe(self) -> str: ...
 
 
 @attrs.frozen
@@ -31,22 +52,22 @@ class Prepared:
 class KernelBase:
     backend: str = "?"
     variant: str = "default"  # a baseline variant (hal bench) overrides this
+    op: str = "?"  # the hal.ops name the template serves
 
     def __init__(self, spec, target: Target):
         self.spec = spec
-        self.target = target
+        self.target = refine(target)  # built directly or by the registry: the same live facts
         self.device = torch.device(target.device)
         self.decision = None  # set by the registry
 
-    def _validated(self, weights) -> MoEWeights:
-        if not isinstance(weights, MoEWeights):
-            raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
-        return weights.validate(self.spec)
-
-    def _check_prepared(self, prepared) -> None:
-        if not isinstance(prepared, Prepared):
-            raise ValueError("prepared must come from this kernel's prepare_weights")
-        prepared.check_for(self)
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        """The FP8 encoding of the target: e4m3fnuz where its capabilities say fnuz (gfx942),
+        OCP e4m3fn elsewhere."""
+        gpu = self.target.gpu
+        if gpu is not None and gpu.features.fp8 == "fnuz":
+            return torch.float8_e4m3fnuz
+        return torch.float8_e4m3fn
 
     def compile(self) -> list:
         """Build every JIT specialization this kernel needs now; return their descriptions.
@@ -54,21 +75,43 @@ class KernelBase:
         return []
 
     def baselines(self) -> dict:
-        """Named variants to time against in `hal bench` (the seed's old policy, say)."""
+        """Named variants to time against in `hal bench` (an upstream launch policy, say)."""
         return {}
+
+    def plan_inputs(self, tokens: int, routing: str = "uniform") -> dict:
+        """The plan() arguments of a synthetic batch of `tokens` tokens under `routing` (a
+        hal.synth routing name): what `hal select --tokens N` plans for."""
+        raise NotImplementedError
 
     def __repr__(self):
         return f"<{type(self).__name__} backend={self.backend} variant={self.variant} {self.spec}>"
 
 
-class MoEKernel(KernelBase):
-    """Token layout: kernel(x [M, H], topk_weights [M, k], topk_ids [M, k], prepared) -> [M, H]."""
+class _WeightsKernel(KernelBase):
+    """The MoE templates: weights are checked against the spec and repacked once."""
 
     def prepare_weights(self, weights: MoEWeights) -> Prepared:
-        self._validated(weights)
+        if not isinstance(weights, MoEWeights):
+            raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
+        weights.validate(self.spec)
         if weights.w13.device != self.device:
             raise ValueError(f"weights are on {weights.w13.device}: expected {self.device}")
         return Prepared(self.backend, self.spec, self._prepare(weights))
+
+    def _check_prepared(self, prepared) -> None:
+        if not isinstance(prepared, Prepared):
+            raise ValueError("prepared must come from this kernel's prepare_weights")
+        prepared.check_for(self)
+
+    def _prepare(self, weights: MoEWeights):
+        raise NotImplementedError
+
+
+class MoEKernel(_WeightsKernel):
+    """Op "moe", the token layout: kernel(x [M, H], topk_weights [M, k], topk_ids [M, k], prepared)
+    -> [M, H]. A topk id of -1 adds nothing."""
+
+    op = "moe"
 
     def __call__(self, x, topk_weights, topk_ids, prepared: Prepared, out: Optional[torch.Tensor] = None,
                  *, check: bool = True):
@@ -81,23 +124,25 @@ class MoEKernel(KernelBase):
             self._run(x, topk_weights, topk_ids, prepared.data, out)
         return out
 
-    def _prepare(self, weights: MoEWeights):
-        raise NotImplementedError
-
     def _run(self, x, topk_weights, topk_ids, data, out) -> None:
         raise NotImplementedError
 
-    def plan(self, topk_ids):
+    def plan(self, topk_ids) -> Plan:
         raise NotImplementedError
 
+    def plan_inputs(self, tokens: int, routing: str = "uniform") -> dict:
+        from hal.synth import random_routing
 
-class MaskedMoEKernel(KernelBase):
-    """DeepEP masked layout: kernel(x fp8 [E, max_m, H], x_scale, masked_m, prepared) -> bf16
-    [E, max_m, H]. Rows at or beyond masked_m[e] are never read or written."""
+        _, topk_ids = random_routing(self.spec, tokens, routing)
+        return {"topk_ids": topk_ids}
 
-    def prepare_weights(self, weights: MoEWeights) -> Prepared:
-        self._validated(weights)
-        return Prepared(self.backend, self.spec, self._prepare(weights))
+
+class MaskedMoEKernel(_WeightsKernel):
+    """Op "moe_masked", the DeepEP low-latency layout: kernel(x fp8 [E_local, max_m, H], x_scale,
+    masked_m, prepared) -> bf16 [E_local, max_m, H]. Rows at or beyond masked_m[e] are never read
+    or written."""
+
+    op = "moe_masked"
 
     def __call__(self, x, x_scale, masked_m, prepared: Prepared, expected_rows: Optional[int] = None,
                  out: Optional[torch.Tensor] = None, *, check: bool = True):
@@ -106,40 +151,62 @@ class MaskedMoEKernel(KernelBase):
             self._check_prepared(prepared)
             check_masked_inputs(spec.local_experts, spec.hidden_size, self.device, x, x_scale,
                                 masked_m, expected_rows)
-            if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
-                                    or out.dtype != torch.bfloat16 or out.device != x.device
-                                    or not out.is_contiguous()):
-                raise ValueError(f"out must be a contiguous bfloat16 tensor of shape "
-                                 f"{tuple(x.shape)} on {x.device}")
+            require(x.dtype == self.fp8_dtype,
+                    f"x has dtype {x.dtype}: expected {self.fp8_dtype}, the target's FP8")
+            require(out is None or (isinstance(out, torch.Tensor) and out.shape == x.shape
+                                    and out.dtype == torch.bfloat16 and out.device == x.device
+                                    and out.is_contiguous()),
+                    f"out must be a contiguous bfloat16 tensor of shape {tuple(x.shape)} on {x.device}")
         if out is None:
             out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-        self._run(x, x_scale, masked_m, prepared.data, out, expected_rows)
+        if x.shape[0] and x.shape[1]:
+            self._run(x, x_scale, masked_m, prepared.data, out, expected_rows)
         return out
-
-    def _prepare(self, weights: MoEWeights):
-        raise NotImplementedError
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows) -> None:
         raise NotImplementedError
 
-    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+    def plan(self, masked_m, expected_rows: Optional[int] = None, max_m: Optional[int] = None) -> Plan:
+        """max_m defaults to the largest count in masked_m."""
         raise NotImplementedError
+
+    def plan_inputs(self, tokens: int, routing: str = "uniform") -> dict:
+        """Rows per local expert as DeepEP's dispatcher delivers `tokens` routed tokens, and the
+        expected rows it reports: (routes + E) // E."""
+        from hal.synth import random_routing
+
+        experts = self.spec.local_experts
+        _, topk_ids = random_routing(self.spec, tokens, routing)
+        counts = torch.bincount(topk_ids.flatten().long() % experts, minlength=experts).to(torch.int32)
+        return {"masked_m": counts, "expected_rows": (int(counts.sum()) + experts) // experts,
+                "max_m": int(counts.max()) if experts else 0}
 
 
 class RequantKernel(KernelBase):
-    """kernel(x, x_scale, masked_m, output_scale, out=None, expected_rows=None) -> per-tensor FP8."""
+    """Op "requant": kernel(x fp8 [E, max_m, H], x_scale, masked_m, output_scale, out=None,
+    expected_rows=None) -> per-tensor FP8 in the target's encoding. Rows at or beyond masked_m[e]
+    are never read or written."""
 
-    @property
-    def fp8_dtype(self) -> torch.dtype:
-        """The FP8 encoding of the target: e4m3fnuz on gfx942, OCP e4m3fn elsewhere."""
-        gpu = self.target.gpu
-        if gpu is not None and gpu.features.fp8 == "fnuz":
-            return torch.float8_e4m3fnuz
-        return torch.float8_e4m3fn
+    op = "requant"
 
     def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
                  check: bool = True):
+        if check:
+            check_masked_inputs(self.spec.num_experts, self.spec.hidden_size, self.device, x,
+                                x_scale, masked_m, expected_rows)
+            check_requant_args(x, output_scale, out, self.fp8_dtype, "the target's FP8")
+        if out is None:
+            out = torch.empty(x.shape, dtype=self.fp8_dtype, device=x.device)
+        if x.shape[0] and x.shape[1]:
+            self._run(x, x_scale, masked_m, output_scale, out, expected_rows)
+        return out
+
+    def _run(self, x, x_scale, masked_m, output_scale, out, expected_rows) -> None:
         raise NotImplementedError
 
-    def plan(self, max_m: int, expected_rows: Optional[int] = None):
+    def plan(self, max_m: int, expected_rows: Optional[int] = None) -> Plan:
         raise NotImplementedError
+
+    def plan_inputs(self, tokens: int, routing: str = "uniform") -> dict:
+        """`tokens` rows on every expert."""
+        return {"max_m": tokens, "expected_rows": tokens}

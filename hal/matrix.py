@@ -15,6 +15,7 @@ from hal.registry import decide, discover
 class MatrixRow:
     model: str
     weight_format: str
+    op: str  # hal.ops name the preset's spec asks for
     device: str
     backend: str  # "-" when nothing fits
     reason: str
@@ -36,16 +37,16 @@ def selection_matrix(caps: Caps, found=None) -> list:
                 winner = next((c for c in d.candidates if c.name == d.winner), None)
                 reason = winner.verdict.summary() if winner else "; ".join(
                     f"{c.name}: {c.verdict.summary()}" for c in d.candidates)
-                rows.append(MatrixRow(preset.name, fmt, device, d.winner or "-", reason))
+                rows.append(MatrixRow(preset.name, fmt, d.op, device, d.winner or "-", reason))
     return rows
 
 
 def format_matrix(rows) -> str:
-    head = ("model", "format", "device", "backend", "why")
-    table = [head] + [(r.model, r.weight_format, r.device, r.backend, r.reason) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    head = ("model", "format", "op", "device", "backend", "why")
+    table = [head] + [(r.model, r.weight_format, r.op, r.device, r.backend, r.reason) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = []
     for row in table:
-        cells = "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
-        lines.append(f"{cells}  {row[4]}")
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True))
+        lines.append(f"{cells}  {row[5]}")
     return "\n".join(lines)

@@ -1,9 +1,23 @@
 """Backend discovery and selection.
 
-Selection is a pure function of (spec, caps, the discovered backends): every candidate ends
-accepted or rejected with reasons a user can read, and the winner is the accepted backend of highest
-rank. Only then is the winner built; a winner whose build fails is recorded as rejected and the next
-one is built instead."""
+Selection is a pure function of (spec, caps, the discovered backends, the environment); it builds
+nothing and probes nothing. The rule, in order:
+
+1. The op is the spec's (hal.ops.op_of): "moe", "moe_masked" or "requant".
+2. HAL_BACKENDS (allow-list) and HAL_DISABLE_BACKENDS (deny-list) apply to every op. A forced
+   backend, from `prefer=` or else the op's own override variable (HAL_MOE_BACKEND,
+   HAL_MOE_MASKED_BACKEND, HAL_REQUANT_BACKEND), rejects every other backend for that op only.
+3. Every remaining backend that serves the op answers check(spec, target) with a Verdict, and
+   rank(spec, target) when it accepts. A backend that raises is rejected with the exception.
+4. The winner is the accepted backend of highest rank. An accepted verdict marked explicit_only
+   never wins unless its backend is forced. Equal ranks fall to the backend's declared `priority`
+   (an int attribute, default 0; higher wins), then to the name in alphabetical order, so the
+   result never depends on the order entry points are discovered in.
+
+select_kernel() decides on a target whose live facts hal.live has refined (recorded profiles are
+taken as recorded), then builds the winner. A build that
+fails (no compiler, no nvcc, a broken Triton) is recorded as that backend's rejection, with the
+error, and the next backend by the same rule is built instead."""
 
 from __future__ import annotations
 
@@ -15,15 +29,17 @@ from typing import Optional
 
 import attrs
 
+from hal import ops
 from hal.backend import Backend, Target
 from hal.caps import Caps
+from hal.live import refine
 from hal.spec import MoESpec, RequantSpec
 from hal.verdict import Verdict
 
 log = logging.getLogger("hal.registry")
 
 ENTRY_POINT_GROUP = "hal.backends"
-OPS = {MoESpec: "moe", RequantSpec: "requant"}
+GLOBAL_VARIABLES = ("HAL_BACKENDS", "HAL_DISABLE_BACKENDS")
 
 
 class NoKernelError(RuntimeError):
@@ -48,11 +64,30 @@ class Candidate:
     name: str
     verdict: Verdict
     rank: Optional[int] = None
+    priority: int = 0
+    forced: bool = False  # named by prefer= or the op's override variable
 
-    def line(self, winner: bool) -> str:
-        mark = "WIN " if winner else ("ok  " if self.verdict.ok else "no  ")
+    @property
+    def eligible(self) -> bool:
+        """May win: accepted, and either auto-selectable or forced."""
+        return self.verdict.ok and (self.forced or not self.verdict.explicit_only)
+
+    def order_key(self) -> tuple:
+        """Sorts the winner first: rank, then priority (both higher first), then name."""
+        return (-(self.rank or 0), -self.priority, self.name)
+
+    def line(self, winner: bool, override_variable: str) -> str:
+        if winner:
+            mark = "WIN"
+        elif self.verdict.ok and not self.eligible:
+            mark = "only"
+        else:
+            mark = "ok " if self.verdict.ok else "no "
         rank = f" rank {self.rank}" if self.rank is not None else ""
-        return f"  {mark}{self.name}{rank}: {self.verdict.summary()}"
+        priority = f" priority {self.priority}" if self.priority else ""
+        explicit = (f" [explicit only: runs when named by prefer= or {override_variable}]"
+                    if self.verdict.ok and self.verdict.explicit_only else "")
+        return f"  {mark} {self.name}{rank}{priority}: {self.verdict.summary()}{explicit}"
 
 
 @attrs.frozen
@@ -63,14 +98,16 @@ class Decision:
     caps_origin: str
     candidates: tuple
     winner: Optional[str]
-    forced_by: Optional[str] = None  # "prefer=" or "HAL_MOE_BACKEND"
+    forced_by: Optional[str] = None  # "prefer=" or the op's override variable
+    forced: Optional[str] = None  # the backend named
 
     def explain(self) -> str:
-        forced = f", forced by {self.forced_by}" if self.forced_by else ""
+        forced = f", {self.forced!r} forced by {self.forced_by}" if self.forced_by else ""
+        variable = ops.get(self.op).override_variable
         lines = [f"op {self.op} on {self.device} ({self.caps_origin}){forced}", f"  spec: {self.spec}"]
-        order = sorted(self.candidates, key=lambda c: (c.name != self.winner, not c.verdict.ok,
-                                                       -(c.rank or 0), c.name))
-        lines += [c.line(c.name == self.winner) for c in order]
+        order = sorted(self.candidates, key=lambda c: (c.name != self.winner, not c.eligible,
+                                                       not c.verdict.ok, c.order_key()))
+        lines += [c.line(c.name == self.winner, variable) for c in order]
         if not self.candidates:
             lines.append(f"  no backend is registered under the {ENTRY_POINT_GROUP!r} entry points: "
                          "install the package (pip install -e .) so its metadata lists them")
@@ -83,8 +120,10 @@ class Decision:
             "caps": self.caps_origin,
             "winner": self.winner,
             "forced_by": self.forced_by,
+            "forced": self.forced,
             "spec": attrs.asdict(self.spec),
-            "candidates": [{"name": c.name, "ok": c.verdict.ok, "rank": c.rank,
+            "candidates": [{"name": c.name, "ok": c.verdict.ok, "rank": c.rank, "priority": c.priority,
+                            "explicit_only": c.verdict.explicit_only, "eligible": c.eligible,
                             "reasons": list(c.verdict.reasons), "notes": list(c.verdict.notes)}
                            for c in self.candidates],
         }
@@ -124,47 +163,53 @@ def normalize_device(device) -> str:
     raise ValueError(f"device={device!r} is not allowed: expected 'cpu', 'cuda' or 'cuda:N'")
 
 
-def _candidate(found: Discovered, op: str, spec, target: Target) -> Candidate:
+def _candidate(found: Discovered, op: ops.Op, spec, target: Target, forced: bool) -> Candidate:
     if found.backend is None:
-        return Candidate(found.name, Verdict.reject(found.error))
+        return Candidate(found.name, Verdict.reject(found.error), forced=forced)
     backend = found.backend
-    if op not in backend.ops:
-        return Candidate(found.name, Verdict.reject(f"does not serve op {op!r}"))
+    if op.name not in backend.ops:
+        return Candidate(found.name, Verdict.reject(f"does not serve op {op.name!r}"), forced=forced)
+    priority = getattr(backend, "priority", 0)
     try:
         verdict = backend.check(spec, target)
         rank = backend.rank(spec, target) if verdict.ok else None
     except Exception as exc:  # a buggy backend is rejected, not fatal
-        return Candidate(found.name, Verdict.reject(f"check raised {type(exc).__name__}: {exc}"))
-    return Candidate(found.name, verdict, rank)
+        return Candidate(found.name, Verdict.reject(f"check raised {type(exc).__name__}: {exc}"),
+                         priority=priority, forced=forced)
+    return Candidate(found.name, verdict, rank, priority, forced)
+
+
+def forced_backend(op: ops.Op, prefer: Optional[str]) -> tuple:
+    """(backend name, what forced it) or (None, None): prefer= wins over the op's variable."""
+    if prefer:
+        return prefer, "prefer="
+    named = os.environ.get(op.override_variable, "").strip()
+    return (named, op.override_variable) if named else (None, None)
 
 
 def decide(spec, target: Target, found: Iterable[Discovered], prefer: Optional[str] = None) -> Decision:
     """The pure part of selection: every candidate's verdict and the winner's name."""
-    op = OPS.get(type(spec))
-    if op is None:
-        raise ValueError(f"spec must be hal.MoESpec or hal.RequantSpec, got {type(spec).__name__}")
+    op = ops.op_of(spec)
     allow, deny = _env_list("HAL_BACKENDS"), _env_list("HAL_DISABLE_BACKENDS")
-    forced_by = "prefer=" if prefer else None
-    if not prefer and os.environ.get("HAL_MOE_BACKEND", "").strip():
-        prefer, forced_by = os.environ["HAL_MOE_BACKEND"].strip(), "HAL_MOE_BACKEND"
+    forced, forced_by = forced_backend(op, prefer)
     candidates = []
     for item in found:
         if allow is not None and item.name not in allow:
             candidates.append(Candidate(item.name, Verdict.reject("not in HAL_BACKENDS")))
         elif deny is not None and item.name in deny:
             candidates.append(Candidate(item.name, Verdict.reject("listed in HAL_DISABLE_BACKENDS")))
-        elif prefer and item.name != prefer:
-            candidates.append(Candidate(item.name, Verdict.reject(f"{forced_by} names {prefer!r}")))
+        elif forced and item.name != forced:
+            candidates.append(Candidate(item.name, Verdict.reject(f"{forced_by} names {forced!r}")))
         else:
-            candidates.append(_candidate(item, op, spec, target))
-    return Decision(op, spec, target.device, target.caps.profile or "probed", tuple(candidates),
-                    _winner(candidates), forced_by)
+            candidates.append(_candidate(item, op, spec, target, forced=bool(forced)))
+    return Decision(op.name, spec, target.device, target.caps.profile or "probed", tuple(candidates),
+                    _winner(candidates), forced_by, forced)
 
 
 def _winner(candidates) -> Optional[str]:
-    """The accepted candidate of highest rank, or None."""
-    accepted = [c for c in candidates if c.verdict.ok]
-    return max(accepted, key=lambda c: c.rank).name if accepted else None
+    """The eligible candidate first by (rank, priority, name), or None."""
+    eligible = [c for c in candidates if c.eligible]
+    return min(eligible, key=Candidate.order_key).name if eligible else None
 
 
 def _resolve_caps(caps: Optional[Caps], device: str) -> Caps:
@@ -178,15 +223,17 @@ def _resolve_caps(caps: Optional[Caps], device: str) -> Caps:
 
 def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Optional[str] = None,
                   backends: Optional[Iterable[Discovered]] = None):
-    """Pick and build the best kernel for `spec` on `device`. `caps` defaults to probing this
-    machine; `backends` defaults to the entry points (tests pass their own)."""
+    """Pick and build the best kernel for `spec` on `device`, whatever its op. `caps` defaults to
+    probing this machine; `backends` defaults to the entry points (tests pass their own)."""
     device = normalize_device(device)
-    target = Target(device, _resolve_caps(caps, device))
+    op = ops.op_of(spec)
+    target = refine(Target(device, _resolve_caps(caps, device)))
     found = list(discover() if backends is None else backends)
     decision = decide(spec, target, found, prefer)
     if decision.forced_by and decision.winner is None:
-        raise NoKernelError(decision, f"backend {prefer or os.environ.get('HAL_MOE_BACKEND')!r} "
-                                      f"({decision.forced_by}) cannot run this spec")
+        known = any(item.name == decision.forced for item in found)
+        why = "cannot run this spec" if known else "is not a registered backend"
+        raise NoKernelError(decision, f"backend {decision.forced!r} ({decision.forced_by}) {why}")
     by_name = {item.name: item.backend for item in found}
     while decision.winner is not None:
         try:
@@ -195,7 +242,8 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
             failed = decision.winner
             log.warning("backend %s failed to build: %s", failed, exc)
             candidates = tuple(
-                Candidate(c.name, Verdict.reject(f"build failed: {type(exc).__name__}: {exc}"))
+                attrs.evolve(c, verdict=Verdict.reject(f"build failed: {type(exc).__name__}: {exc}"),
+                             rank=None)
                 if c.name == failed else c for c in decision.candidates)
             decision = attrs.evolve(decision, candidates=candidates, winner=_winner(candidates))
             continue
@@ -206,11 +254,12 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
             if not c.verdict.ok:
                 log.debug("%s rejected: %s", c.name, c.verdict.summary())
         return kernel
-    raise NoKernelError(decision, f"no backend can run {decision.op} for this spec on {device}")
+    raise NoKernelError(decision, f"no backend can run {op.name} for this spec on {device}")
 
 
 def select_moe_kernel(spec: MoESpec, device="cpu", *, caps: Optional[Caps] = None,
                       prefer: Optional[str] = None, backends=None):
+    """Op "moe" (layout="tokens") or "moe_masked" (layout="masked"), as the spec's layout says."""
     if not isinstance(spec, MoESpec):
         raise ValueError(f"spec must be hal.MoESpec, got {type(spec).__name__}")
     return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends)
@@ -218,6 +267,7 @@ def select_moe_kernel(spec: MoESpec, device="cpu", *, caps: Optional[Caps] = Non
 
 def select_requant_kernel(spec: RequantSpec, device="cuda", *, caps: Optional[Caps] = None,
                           prefer: Optional[str] = None, backends=None):
+    """Op "requant"."""
     if not isinstance(spec, RequantSpec):
         raise ValueError(f"spec must be hal.RequantSpec, got {type(spec).__name__}")
     return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends)

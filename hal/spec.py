@@ -44,7 +44,7 @@ def _one_of(options):
 
 @attrs.frozen
 class MoESpec:
-    """One MoE layer as the engine runs it (see DESIGN.md, "The MoE op")."""
+    """One MoE layer as the engine runs it (docs/contract.md, "What every backend computes")."""
 
     num_experts: int = attrs.field(validator=_positive)
     top_k: int = attrs.field(validator=_positive)
@@ -152,7 +152,7 @@ def _tensor_or_none(inst, attribute, value):
 
 @attrs.frozen
 class MoEWeights:
-    """Weights as public checkpoints store them (DESIGN.md, "Weight formats"). Shapes and dtypes
+    """Weights as public checkpoints store them (docs/contract.md, "Weight formats"). Shapes and dtypes
     are checked against a spec by `validate(spec)`, which every kernel's prepare_weights calls."""
 
     w13: object = attrs.field(validator=_tensor_or_none)

@@ -1,4 +1,4 @@
-"""Shape and dtype contract of `MoEWeights` for each weight format (DESIGN.md, "Weight formats")."""
+"""Shape and dtype contract of `MoEWeights` for each weight format (docs/contract.md, "Weight formats")."""
 
 from __future__ import annotations
 
@@ -88,3 +88,11 @@ def check_expert_map(expert_map, spec: MoESpec) -> None:
     if lo < -1 or hi >= spec.local_experts:
         raise ValueError(f"weights.expert_map holds values in [{lo}, {hi}]: expected -1 "
                          f"(not local) or a local id in [0, {spec.local_experts})")
+    # Two global experts on one local id would silently share its weights.
+    local = expert_map[expert_map >= 0]
+    ids, counts = torch.unique(local, return_counts=True)
+    if bool((counts > 1).any()):
+        dup = int(ids[counts > 1][0])
+        owners = torch.nonzero(expert_map == dup).flatten().tolist()
+        raise ValueError(f"weights.expert_map maps global experts {owners} to the same local id "
+                         f"{dup}: expected each local id at most once")

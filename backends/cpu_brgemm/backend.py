@@ -3,6 +3,9 @@ kernel it builds."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 from backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS, FORMAT_CODES, SIZE_MULTIPLE
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, Target
 from hal.spec import MoESpec
@@ -67,6 +70,12 @@ class CpuBrgemmBackend:
     def build(self, spec, target: Target):
         from backends.cpu_brgemm.kernel import CpuBrgemmKernel
 
+        # The extension compiles on first use with the compiler torch's extension builder runs;
+        # without one the build fails here and selection builds the next backend.
+        compiler = os.environ.get("CXX", "c++")
+        if shutil.which(compiler) is None:
+            raise RuntimeError(f"no C++ compiler: {compiler!r} (CXX) is not on PATH, so the "
+                               "cpu_brgemm extension cannot be built")
         return CpuBrgemmKernel(spec, target)
 
 

@@ -4,14 +4,20 @@ its op namespace."""
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 from backends.cpu_brgemm import policy
 
 SOURCE = "cpu/moe_brgemm.cpp"
 
 
+# AddressSanitizer build for tests: its own specialization, loadable only in a process that has
+# libasan preloaded (the .so leaves the runtime's symbols to it). -O1 keeps the build short.
+SANITIZER_CFLAGS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer", "-O1")}
+
+
 @functools.cache
-def ops(isa: str):
+def ops(isa: str, sanitizer: Optional[str] = None):
     """torch.ops namespace with fused_moe, route_plan, brgemm_packs_bf16 and isa_name."""
     import torch
 
@@ -19,12 +25,15 @@ def ops(isa: str):
 
     if isa not in policy.ISA_CFLAGS:
         raise ValueError(f"isa={isa!r} is not allowed: expected one of {', '.join(policy.ISA_CFLAGS)}")
+    if sanitizer is not None and sanitizer not in SANITIZER_CFLAGS:
+        raise ValueError(f"sanitizer={sanitizer!r} is not allowed: expected None or "
+                         f"{', '.join(SANITIZER_CFLAGS)}")
     namespace = jit.build(
-        f"cpu_brgemm_{isa}", [SOURCE],
+        f"cpu_brgemm_{isa}" + (f"_{sanitizer}" if sanitizer else ""), [SOURCE],
         defines=dict(MOE_BLOCK_M=policy.BLOCK_M, MOE_BLOCK_N=policy.BLOCK_N,
                      MOE_BRGEMM_MIN_ROWS=policy.BRGEMM_MIN_ROWS,
                      MOE_ITEMS_PER_THREAD=policy.ITEMS_PER_THREAD,
                      MOE_BRGEMM_L2_BYTES=policy.BRGEMM_L2_BYTES,
                      MOE_MAX_PANEL_GROUP=policy.MAX_PANEL_GROUP),
-        extra_cflags=policy.ISA_CFLAGS[isa])
+        extra_cflags=policy.ISA_CFLAGS[isa] + SANITIZER_CFLAGS.get(sanitizer, ()))
     return getattr(torch.ops, namespace)

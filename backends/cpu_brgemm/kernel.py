@@ -17,6 +17,7 @@ from backends.cpu_brgemm.policy import (
     FORMAT_CODES,
     POLICIES,
 )
+from hal import live
 from hal.backend import Target
 from hal.kernel import MoEKernel
 from hal.spec import MoESpec
@@ -49,16 +50,11 @@ class CpuBrgemmKernel(MoEKernel):
 
     @property
     def brgemm_supported(self) -> bool:
-        """AMX usable per the target's capabilities and, on this machine, the installed torch packs
-        bf16 for it. Recorded capabilities (a profile) are taken as they are, so a plan for another
-        host shows that host's decisions."""
+        """BRGEMM on AMX for bf16, as hal.live settles it: from the capabilities and, for live
+        ones, this process's AMX permission and torch's oneDNN. Recorded capabilities (a profile)
+        are taken as they are, so a plan for another host shows that host's decisions."""
         if self._brgemm_supported is None:
-            amx = self.target.cpu.amx.usable and self.isa == "avx512bf16"
-            if amx and self.target.caps.profile is None:
-                from hal.probe.amx import request_amx_permission
-
-                amx = request_amx_permission() and bool(self.ops.brgemm_packs_bf16())
-            self._brgemm_supported = amx
+            self._brgemm_supported = self.isa == "avx512bf16" and live.amx_bf16_brgemm(self.target)
         return self._brgemm_supported
 
     @property
@@ -67,9 +63,7 @@ class CpuBrgemmKernel(MoEKernel):
         build this machine executes, never on one whose instructions it may lack."""
         if self.target.caps.profile is None:
             return self.ops
-        from hal.probe.cpu import probe_cpu
-
-        host_isa = isa_for(probe_cpu())
+        host_isa = isa_for(live.host_cpu().cpu)
         if host_isa is None:
             raise ValueError("this CPU has neither AVX-512-BF16 nor AVX2+FMA: the planner cannot run")
         return extension.ops(host_isa)
@@ -96,15 +90,11 @@ class CpuBrgemmKernel(MoEKernel):
         has what the record promised; otherwise its instructions would end the process."""
         if self._host_checked or self.target.caps.profile is None:
             return
-        from hal.probe.amx import request_amx_permission
-        from hal.probe.cpu import probe_cpu
-
-        host = probe_cpu()
-        if self.isa == "avx512bf16" and isa_for(host) != "avx512bf16":
+        if self.isa == "avx512bf16" and isa_for(live.host_cpu().cpu) != "avx512bf16":
             raise ValueError(f"this kernel was built for profile {self.target.caps.profile!r} "
                              "(AVX-512-BF16), which this CPU lacks: select a kernel with this "
                              "machine's capabilities")
-        if self.brgemm_supported and not (request_amx_permission() and self.ops.brgemm_packs_bf16()):
+        if self.brgemm_supported and not live.host_amx_bf16_brgemm():
             raise ValueError(f"this kernel was built for profile {self.target.caps.profile!r} "
                              "(AMX usable), but this CPU cannot run AMX: select a kernel with this "
                              "machine's capabilities")
@@ -127,8 +117,8 @@ class CpuBrgemmKernel(MoEKernel):
         if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 \
                 or topk_ids.shape[1] != spec.top_k or topk_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"topk_ids must be an int32/int64 tensor of shape (M, {spec.top_k})")
-        if topk_ids.numel() and not (0 <= int(topk_ids.min()) and int(topk_ids.max()) < spec.num_experts):
-            raise ValueError(f"topk_ids must hold expert ids in [0, {spec.num_experts})")
+        if topk_ids.numel() and not (-1 <= int(topk_ids.min()) and int(topk_ids.max()) < spec.num_experts):
+            raise ValueError(f"topk_ids must hold expert ids in [0, {spec.num_experts}) or -1 (no route)")
         assumed = spec.is_ep and expert_map is None
         if assumed:
             expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32)

@@ -3,13 +3,13 @@ fused MoE, in one place. The C++ receives them as defines, so the two cannot dis
 
 from __future__ import annotations
 
-# Rows (routes of one expert) per block. Matches the seed's block size (two 16-row AMX tiles), so
-# blocks of 4, 5 and 33 rows land on either side of the threshold and across block boundaries.
+# Rows (routes of one expert) per block: two 16-row AMX tiles. With it, the tests' blocks of 4, 5
+# and 33 rows land on either side of the BRGEMM threshold and across block boundaries.
 BLOCK_M = 32
 # Output columns per weight panel: two 16-lane bf16-pair registers in the micro-kernel, one
 # 32-column B for BRGEMM (the width known to run through cpublas::brgemm with AMX).
 BLOCK_N = 32
-# The seed's crossover, in rows: a block of more rows than this goes to BRGEMM (its tile setup and
+# The crossover, in rows: a block of more rows than this goes to BRGEMM (its tile setup and
 # panel dequantization are paid back), a block of this many or fewer stays on TinyGEMM.
 BRGEMM_MIN_ROWS = 4
 # Work items (block run x output panel) each thread should get before runs are split further:
@@ -28,7 +28,7 @@ MAX_PANEL_GROUP = 8
 # Dispatch policies, numbered as the C++ Policy enum.
 POLICIES = ("per_block", "global", "tiny", "brgemm")
 DEFAULT_POLICY = "per_block"
-BASELINE_POLICY = "global"  # the seed's layer-wide avg_M crossover: `hal bench`'s "before"
+BASELINE_POLICY = "global"  # one layer-wide avg_M crossover: `hal bench`'s baseline
 
 # Numbered as the C++ Format and Activation enums.
 FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2}

@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from importlib import metadata
 from typing import Optional
 
 import attrs
@@ -18,6 +16,10 @@ from hal.caps import GpuCaps
 
 SOURCES = ("cuda/marlin_moe.cu", "cuda/marlin_moe_binding.cpp")
 MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16 inputs and cp.async
+
+
+class ToolchainError(RuntimeError):
+    """This host cannot build the Marlin extension; the message lists every reason."""
 
 
 @attrs.frozen
@@ -89,27 +91,14 @@ def nvcc_archs() -> tuple:
     return nvcc, tuple(sorted(set(re.findall(r"sm_\d+[a-z]?", text)))), None
 
 
-def torch_cuda_build() -> tuple:
-    """(torch version, whether it is a CUDA build), without importing torch when the caller has
-    not (check() runs on every `hal probe`): the wheel's local version names its build (+cu130,
-    +cpu, +rocm6.2); a version without one is PyPI's Linux wheel, a CUDA build."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch.__version__, torch.version.cuda is not None
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None, False
-    local = version.partition("+")[2]
-    return version, not local.startswith(("cpu", "rocm"))
-
-
 def toolchain_problems(arch: str) -> list:
-    """Reasons this host cannot build for `arch` (torch without CUDA, no nvcc, nvcc too old)."""
+    """Reasons this host cannot build for `arch` (torch without CUDA, no nvcc, nvcc too old).
+    Asked by the backend's build(), never by check(): selection stays a function of the caps."""
+    import torch
+
     problems = []
-    version, cuda = torch_cuda_build()
-    if not cuda:
-        problems.append(f"the installed torch {version} is not a CUDA build, so the Marlin "
+    if torch.version.cuda is None:
+        problems.append(f"the installed torch {torch.__version__} is not a CUDA build, so the Marlin "
                         "extension cannot be built or loaded")
     nvcc, archs, why = nvcc_archs()
     if why:

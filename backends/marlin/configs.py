@@ -9,7 +9,8 @@ list cannot disagree). Two policies:
                SMALL_M_BLOCK_CAP for small batches and LARGE_M_BLOCK_CAP otherwise; the most
                concurrent blocks win; ties go to more waves of blocks (up to TARGET_WAVES) for
                small batches, then to the larger tile.
-  first_valid  the seed's rule: the first candidate that fits the shape and the shared memory.
+  first_valid  the baseline: the first candidate in table order that fits the shape and the shared
+               memory.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ BLOCK_M_CHOICES = (8, 16, 32, 48, 64)  # rows per MoE block the kernels are comp
 BLOCK_OVERHEAD_ROWS = 16
 # Tokens at or below which a batch counts as "small M" (decode): up to 4 blocks per SM then pay,
 # since each block holds few rows and latency hiding comes from more blocks in flight. Above it the
-# blocks are large and 2 per SM already keep the tensor cores fed (the seed's caps).
+# blocks are large and 2 per SM already keep the tensor cores fed.
 SMALL_M_TOKENS = 64
 SMALL_M_BLOCK_CAP = 4
 LARGE_M_BLOCK_CAP = 2

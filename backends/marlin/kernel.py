@@ -13,11 +13,9 @@ from backends.marlin import build, configs, repack
 from backends.marlin.plan import MarlinPlan
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
-from hal.probe.torch_access import TORCH_PROPERTIES
 
 NAME = "marlin"
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in marlin_moe_pointwise.cuh
-
 
 
 @attrs.frozen
@@ -31,17 +29,6 @@ class MarlinWeights:
     b13: Optional[torch.Tensor] = None  # fp32 [E, w13_rows]
     b2: Optional[torch.Tensor] = None  # fp32 [E, H]
     expert_map: Optional[torch.Tensor] = None  # int32 [num_experts]
-
-
-def complete_gpu_caps(gpu: GpuCaps, device: torch.device) -> GpuCaps:
-    """Fill the occupancy fields a shallow (NVML) probe leaves None from the CUDA runtime; only
-    called where the kernel is about to run on that GPU."""
-    missing = {f: p for f, p in TORCH_PROPERTIES.items() if getattr(gpu, f) is None}
-    if not missing or device.type != "cuda":
-        return gpu
-    props = torch.cuda.get_device_properties(device)
-    found = {f: getattr(props, p) for f, p in missing.items() if hasattr(props, p)}
-    return attrs.evolve(gpu, **found)
 
 
 class MarlinMoEKernel(MoEKernel):
@@ -94,7 +81,7 @@ class MarlinMoEKernel(MoEKernel):
                 if stale:
                     raise RuntimeError(f"marlin: {stale}; clear HAL_CACHE_DIR and rebuild")
                 self._attrs = configs.attrs_table(rows)
-                self._gpu = complete_gpu_caps(self.target.gpu, self.device)
+                self._gpu = self.target.gpu  # hal.live filled the runtime's occupancy fields
                 self._ops = ops
         return self._ops
 

@@ -1,4 +1,4 @@
-"""The activations between the two GEMMs (DESIGN.md, "The MoE op")."""
+"""The activations between the two GEMMs (docs/contract.md, "What every backend computes")."""
 
 from __future__ import annotations
 

@@ -55,6 +55,7 @@ class ReferenceMoEKernel(MoEKernel):
 
     def plan(self, topk_ids):
         ids = topk_ids.long()
+        ids = ids[(ids >= 0) & (ids < self.spec.num_experts)]  # -1 and bad ids are no route
         return ReferencePlan(experts_used=int(torch.unique(ids).numel()), routes=int(ids.numel()),
                              compute=f"{self.spec.act_dtype} matmuls, fp32 accumulation of routes")
 
@@ -69,10 +70,8 @@ class ReferenceMaskedKernel(MaskedMoEKernel):
         ops.moe_masked(self.spec, x, x_scale, masked_m, data["weights"], out,
                        compute_dtype=torch.bfloat16, experts=_lookup(data))
 
-    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
-        live = None if masked_m is None else int((masked_m > 0).sum())
-        return ReferencePlan(experts_used=live if live is not None else self.spec.local_experts,
-                             routes=int(masked_m.sum()) if masked_m is not None else 0,
+    def plan(self, masked_m, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+        return ReferencePlan(experts_used=int((masked_m > 0).sum()), routes=int(masked_m.sum()),
                              compute="torch requant + bf16 matmuls per live expert")
 
 
@@ -87,17 +86,11 @@ class RequantReferencePlan:
 class ReferenceRequantKernel(RequantKernel):
     backend = NAME
 
-    def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
-                 check: bool = True):
-        from hal.inputs import check_masked_inputs, check_requant_args
+    def _run(self, x, x_scale, masked_m, output_scale, out, expected_rows) -> None:
+        ops.requant_fp8(x, x_scale, masked_m, output_scale, out)
 
-        if check:
-            check_masked_inputs(self.spec.num_experts, self.spec.hidden_size, self.device, x,
-                                x_scale, masked_m, expected_rows)
-            check_requant_args(x, output_scale, out, self.fp8_dtype)
-        if out is None:
-            out = torch.empty(x.shape, dtype=self.fp8_dtype, device=x.device)
-        return ops.requant_fp8(x, x_scale, masked_m, output_scale, out)
-
-    def plan(self, max_m: int = 0, expected_rows: Optional[int] = None):
+    def plan(self, max_m: int, expected_rows: Optional[int] = None):
         return RequantReferencePlan(str(self.fp8_dtype).replace("torch.", ""))
+
+
+BY_OP = {"moe": ReferenceMoEKernel, "moe_masked": ReferenceMaskedKernel, "requant": ReferenceRequantKernel}

@@ -42,10 +42,19 @@ def ffn(spec: MoESpec, x: torch.Tensor, expert: tuple) -> torch.Tensor:
     return y
 
 
-def local_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
-    """Global routed ids -> local expert ids, -1 where the expert lives on another rank."""
+def local_ids(spec: MoESpec, topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
+    """Global routed ids -> local expert ids, -1 for a route that adds nothing: an id of -1 (a
+    dropped route), an id outside [0, num_experts), an expert on another rank, or an expert_map
+    value outside [0, local_experts). The last two cases are invalid input that check=True rejects;
+    with check=False every kernel routes them the same way, so they never index the weights."""
     ids = topk_ids.long()
-    return ids if expert_map is None else expert_map.long()[ids]
+    valid = (ids >= 0) & (ids < spec.num_experts)
+    local = torch.where(valid, ids, -1)
+    if expert_map is not None:
+        # Clamped so a bad id indexes the map in bounds; its route is dropped by `valid`.
+        mapped = expert_map.long()[ids.clamp(0, expert_map.numel() - 1)]
+        local = torch.where(valid, mapped, -1)
+    return torch.where((local >= 0) & (local < spec.local_experts), local, -1)
 
 
 def moe_tokens(spec: MoESpec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float32,
@@ -55,7 +64,7 @@ def moe_tokens(spec: MoESpec, x, topk_weights, topk_ids, weights, compute_dtype=
     compute_dtype float64 gives the oracle of the tests; `experts` lets a caller that has already
     dequantized (the reference kernel) skip the per-expert dequantization."""
     experts = experts or checkpoint_experts(spec, weights, compute_dtype)
-    ids = local_ids(topk_ids, weights.expert_map)
+    ids = local_ids(spec, topk_ids, weights.expert_map)
     xf = x.to(compute_dtype)
     out = torch.zeros(x.shape, dtype=torch.float64 if compute_dtype == torch.float64 else torch.float32,
                       device=x.device)
@@ -64,6 +73,13 @@ def moe_tokens(spec: MoESpec, x, topk_weights, topk_ids, weights, compute_dtype=
         y = ffn(spec, xf[rows], experts(e)).to(out.dtype)
         out.index_add_(0, rows, y * topk_weights[rows, slots].to(out.dtype).unsqueeze(1))
     return out.to(x.dtype)
+
+
+def live_rows(masked_m: torch.Tensor, max_m: int) -> list:
+    """Rows of each expert that the masked layout reads and writes: masked_m[e] clamped to
+    [0, max_m]. check=True rejects values outside that range; with check=False every kernel clamps
+    them the same way, so no row outside [0, max_m) is touched."""
+    return masked_m.clamp(0, max_m).tolist()
 
 
 def fp8_max(dtype) -> float:
@@ -86,7 +102,7 @@ def requant_fp8(x, x_scale, masked_m, output_scale, out) -> torch.Tensor:
     out = fp8(clamp((float(x) * s_group) * (1 / s_out), +-max)), all fp32, left to right, the
     reciprocal one IEEE division. Rows at or beyond masked_m[e] are neither read nor written."""
     inv = 1.0 / output_scale.to(torch.float32).reshape(())
-    for e, m in enumerate(masked_m.tolist()):
+    for e, m in enumerate(live_rows(masked_m, x.shape[1])):
         if m:
             v = x[e, :m].to(torch.float32) * group_scales(x_scale[e], m, x.shape[-1])
             out[e, :m] = quantize_fp8(v, inv, out.dtype)
@@ -102,7 +118,7 @@ def moe_masked_per_tensor(spec: MoESpec, xq, masked_m, weights, out, compute_dty
     experts = experts or checkpoint_experts(spec, weights, compute_dtype)
     a13 = weights.w13_input_scale.to(torch.float32).reshape(())
     a2 = weights.w2_input_scale.to(torch.float32).reshape(())
-    for e, m in enumerate(masked_m.tolist()):
+    for e, m in enumerate(live_rows(masked_m, xq.shape[1])):
         if not m:
             continue
         a = xq[e, :m].to(compute_dtype) * a13.to(compute_dtype)

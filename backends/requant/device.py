@@ -35,23 +35,28 @@ def traits_from_gpu(gpu: GpuCaps, source: str) -> DeviceTraits:
 
 
 @functools.cache
-def _probed_traits(index: int) -> DeviceTraits:
+def _live_traits(index: int) -> DeviceTraits:
+    """For a caller that gives no capabilities: this machine's, with the live facts hal.live adds
+    (the warp size NVML does not report)."""
     import hal
+    from hal.backend import Target
+    from hal.live import refine
 
-    caps = hal.probe(deep=True)
-    for gpu in caps.gpus:
-        if gpu.index == index:
-            return traits_from_gpu(gpu, f"hal caps of cuda:{index} ({caps.profile or 'probed'})")
-    raise ValueError(f"hal.probe() lists no GPU with index {index}: GPUs {[g.index for g in caps.gpus]}")
+    target = refine(Target(f"cuda:{index}", hal.probe()))
+    if target.gpu is None:
+        raise ValueError(f"hal.probe() lists no GPU with index {index}: GPUs "
+                         f"{[g.index for g in target.caps.gpus]}")
+    return traits_from_gpu(target.gpu, f"hal caps of cuda:{index} ({target.caps.profile or 'probed'})")
 
 
 def device_traits(device: torch.device, gpu: Optional[GpuCaps] = None) -> DeviceTraits:
-    """The traits for tensors on `device`: from `gpu` when given, else from hal.probe() for a GPU,
-    else the interpreter's defaults on CPU under TRITON_INTERPRET=1."""
+    """The traits for tensors on `device`: from `gpu` when given, else from this machine's
+    capabilities (hal.probe() refined by hal.live) for a GPU, else the interpreter's defaults on
+    CPU under TRITON_INTERPRET=1."""
     if gpu is not None:
         return traits_from_gpu(gpu, f"given caps of {gpu.name or gpu.arch}")
     if device.type == "cuda":
-        return _probed_traits(device.index if device.index is not None else torch.cuda.current_device())
+        return _live_traits(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "cpu" and interpreting():
         return DeviceTraits(tuning.INTERPRETER_WARP_SIZE, torch.float8_e4m3fn,
                             "Triton interpreter (TRITON_INTERPRET=1)")

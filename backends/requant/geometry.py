@@ -85,7 +85,7 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
     experts of at most `max_rows` rows, on a GPU of `warp_size` lanes.
 
     expected_rows is the host's rows-per-expert estimate, as the dispatcher reports it; None keeps
-    the historic m-grid of 32 and no cap (row_cap = max_rows)."""
+    the legacy m-grid of 32 and no cap (row_cap = max_rows)."""
     _need_int("num_groups", num_groups, 1)
     _need_int("num_experts", num_experts, 1)
     _need_int("group_size", group_size, 1)
@@ -103,5 +103,5 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
 
 
 def legacy_column_blocks(hidden: int) -> int:
-    """Column blocks of the old launch: flat tiles of LEGACY_TILE_ELEMENTS, the last one masked."""
+    """Column blocks of the legacy launch: flat tiles of LEGACY_TILE_ELEMENTS, the last one masked."""
     return -(-hidden // tuning.LEGACY_TILE_ELEMENTS)

@@ -31,17 +31,9 @@ class RequantTritonKernel(RequantKernel):
             return {}
         return {"legacy": RequantTritonKernel(self.spec, self.target, "legacy")}
 
-    def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
-                 check: bool = True):
-        if check:
-            want = (self.spec.num_experts, self.spec.hidden_size)
-            if not isinstance(x, torch.Tensor) or x.dim() != 3 or (x.shape[0], x.shape[2]) != want:
-                raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}: expected "
-                                 f"({want[0]}, max_m, {want[1]})")
-            if x.device != self.device:
-                raise ValueError(f"x is on {x.device}: expected {self.device}")
-        return fp8_per_token_to_per_tensor(x, x_scale, masked_m, output_scale, out, expected_rows,
-                                           geometry=self.variant, gpu=self.target.gpu, check=check)
+    def _run(self, x, x_scale, masked_m, output_scale, out, expected_rows) -> None:
+        fp8_per_token_to_per_tensor(x, x_scale, masked_m, output_scale, out, expected_rows,
+                                    geometry=self.variant, gpu=self.target.gpu, check=False)
 
     def plan(self, max_m: int, expected_rows: Optional[int] = None):
         return requant_plan(self.variant, self.spec.hidden_size, self.spec.num_experts, max_m,
@@ -69,8 +61,6 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return dict(weights=weights, w13=w13, w2=w2, input_scale=scale)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
-        if x.dtype != self.traits.fp8_dtype:
-            raise ValueError(f"x has dtype {x.dtype}: expected {self.traits.fp8_dtype}, this device's FP8")
         per_tensor = fp8_per_token_to_per_tensor(x, x_scale, masked_m, data["input_scale"],
                                                  expected_rows=expected_rows, gpu=self.target.gpu,
                                                  check=False)
@@ -78,10 +68,12 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
                                   compute_dtype=torch.bfloat16,
                                   experts=lambda e: (data["w13"][e], data["w2"][e], None, None))
 
-    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
-        live = rows = None
-        if masked_m is not None:
-            live, rows = int((masked_m > 0).sum()), int(masked_m.sum())
-        requant = requant_plan("tuned", self.spec.hidden_size, self.spec.local_experts,
-                               max_m if max_m is not None else 0, expected_rows, self.traits)
-        return MaskedMoEPlan(requant, live, rows)
+    def plan(self, masked_m, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+        if max_m is None:
+            max_m = int(masked_m.max()) if masked_m.numel() else 0
+        requant = requant_plan("tuned", self.spec.hidden_size, self.spec.local_experts, max_m,
+                               expected_rows, self.traits)
+        return MaskedMoEPlan(requant, int((masked_m > 0).sum()), int(masked_m.sum()))
+
+
+BY_OP = {"requant": RequantTritonKernel, "moe_masked": W4AFp8MaskedKernel}

@@ -3,7 +3,8 @@
     out[e, r, k] = fp8(clamp((float(x[e, r, k]) * x_scale[e, r, k // 128]) * (1 / output_scale)))
 
 in fp32, in that order, the reciprocal correctly rounded (div_rn): bit-exact with
-backends.reference.ops.requant_fp8. Rows at or beyond masked_m[e] are neither read nor written.
+backends.reference.ops.requant_fp8. Rows at or beyond masked_m[e] are neither read nor written;
+masked_m is clamped to [0, max_m] in the kernels, as the reference does.
 
 Only tl APIs present in both Triton 3.6 (the GPU host) and 3.9 (the CPU interpreter runs) are used."""
 
@@ -23,6 +24,13 @@ def _requant_values(x, scale, inv_output_scale, fp8_max):
 @triton.jit
 def _inverse_output_scale(output_scale_ptr):
     return tl.math.div_rn(1.0, tl.load(output_scale_ptr).to(tl.float32))
+
+
+@triton.jit
+def _live_rows(masked_m, max_m):
+    """masked_m clamped to [0, max_m]: check=False skips validation, and a bad count must not move
+    a row index outside the expert's max_m rows. Two integer ops per expert, once per program."""
+    return tl.minimum(tl.maximum(masked_m, 0), max_m)
 
 
 @triton.jit
@@ -64,8 +72,9 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
     if HAS_OVERFLOW:
         # Issued first, so its latency hides under phase 1.
         expert_ids = tl.arange(0, EXPERTS_POW2)
-        all_rows = tl.load(masked_m_ptr + expert_ids, mask=expert_ids < num_experts, other=0)
-    rows = tl.load(masked_m_ptr + expert)
+        all_rows = _live_rows(tl.load(masked_m_ptr + expert_ids, mask=expert_ids < num_experts,
+                                      other=0), max_m)
+    rows = _live_rows(tl.load(masked_m_ptr + expert), max_m)
     inv_output_scale = _inverse_output_scale(output_scale_ptr)
 
     for row in tl.range(m_program, tl.minimum(rows, row_cap), m_grid):
@@ -97,12 +106,12 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
 def requant_legacy_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_ptr,
                           max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g, fp8_max,
                           TILE: tl.constexpr, GROUP: tl.constexpr):
-    """The seed's launch, kept as the benchmark baseline: grid = (hidden / TILE, 32, experts), a
+    """The legacy launch, kept as the benchmark baseline: grid = (hidden / TILE, 32, experts), a
     flat TILE-element tile and a scale gathered per element. Same arithmetic, same bytes."""
     column_block = tl.program_id(0)
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
-    rows = tl.load(masked_m_ptr + expert)
+    rows = _live_rows(tl.load(masked_m_ptr + expert), max_m)
     inv_output_scale = _inverse_output_scale(output_scale_ptr)
     columns = column_block * TILE + tl.arange(0, TILE)
     live = columns < hidden

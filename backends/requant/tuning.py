@@ -29,10 +29,10 @@ WIDE_TILE_MIN_EXPERTS = 32
 # --- the m-grid: programs per expert along the row axis ------------------------------------------
 
 # programs per expert, lower bound: one program per expert would serialize an expert's rows when
-# the dispatch is a little uneven (several times slower in the seed's measurements at one row).
+# the dispatch is a little uneven (several times slower at one row per expert).
 M_GRID_MIN = 4
-# programs per expert, upper bound: the historic fixed grid, so no batch launches more programs
-# along the row axis than the old kernel did.
+# programs per expert, upper bound: the legacy launch's fixed grid, so no batch launches more
+# programs along the row axis than the legacy launch does.
 M_GRID_MAX = 32
 # expert x row programs per column block while rows are scarce: about 8 resident 4-warp programs
 # on each of an H200's 132 SMs. More programs than this are mostly early exits once there are
@@ -40,7 +40,7 @@ M_GRID_MAX = 32
 SCARCE_PROGRAM_BUDGET = 1024
 # rows per expert (as a power of two): below this the full m-grid would give its programs fewer
 # than two rows each, so rows are "scarce" and the program budget above applies. At and above it
-# every program carries rows and the m-grid returns to its historic 32.
+# every program carries rows and the m-grid returns to the legacy 32.
 SCARCE_ROWS_BELOW = 2 * M_GRID_MAX
 
 # programs resident at once: 16 4-warp programs on each of an H200's 132 SMs is 2112, rounded down
@@ -69,14 +69,14 @@ ROW_CAP_SLACK = 2
 # cost more registers than it saves, so the cap is lifted and every row stays with its expert.
 OVERFLOW_MAX_EXPERTS = 4096
 
-# --- the legacy launch (the seed's "before", the benchmark baseline) -----------------------------
+# --- the legacy launch (the benchmark baseline) --------------------------------------------------
 
 # elements per tile: 1024 flat elements, i.e. 4 B per lane on 8 warps, which Triton does not
 # vectorize into 128-bit accesses; the scale was gathered once per element.
 LEGACY_TILE_ELEMENTS = 1024
-# warps per program in the old launch.
+# warps per program in the legacy launch.
 LEGACY_WARPS = 8
-# programs per expert along rows in the old launch, whatever the batch.
+# programs per expert along rows in the legacy launch, whatever the batch.
 LEGACY_M_GRID = 32
 
 # --- running without a GPU -----------------------------------------------------------------------

@@ -351,15 +351,24 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
   });
 }
 
+// Without an expert_map the global ids are the local ones, so there are local_experts of them.
 Routing route_tensors(const at::Tensor& topk_ids, const at::Tensor& weights_f32,
                       const c10::optional<at::Tensor>& expert_map, int64_t local_experts) {
+  TORCH_CHECK(topk_ids.dim() == 2 &&
+                  (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
+              "cpu_brgemm: topk_ids must be a 2-D int32 or int64 tensor");
+  TORCH_CHECK(weights_f32.numel() == topk_ids.numel(),
+              "cpu_brgemm: topk_weights must have one weight per topk id");
   const at::Tensor map_tensor = expert_map.has_value() ? expert_map->to(at::kInt).contiguous() : at::Tensor();
   const int32_t* map = map_tensor.defined() ? map_tensor.data_ptr<int32_t>() : nullptr;
+  const int64_t num_experts = map ? map_tensor.numel() : local_experts;
   const float* w = weights_f32.data_ptr<float>();
   if (topk_ids.scalar_type() == at::kLong) {
-    return route(topk_ids.data_ptr<int64_t>(), w, topk_ids.size(0), topk_ids.size(1), map, local_experts);
+    return route(topk_ids.data_ptr<int64_t>(), w, topk_ids.size(0), topk_ids.size(1), map, num_experts,
+                 local_experts);
   }
-  return route(topk_ids.data_ptr<int32_t>(), w, topk_ids.size(0), topk_ids.size(1), map, local_experts);
+  return route(topk_ids.data_ptr<int32_t>(), w, topk_ids.size(0), topk_ids.size(1), map, num_experts,
+               local_experts);
 }
 
 // Both stages see the same m_size and a 32-column n_size (H and I are multiples of 32), so one
@@ -390,6 +399,8 @@ void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Te
   const Format format = static_cast<Format>(weight_format);
   const Activation act = static_cast<Activation>(activation);
   const int64_t tokens = x.size(0);
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == tokens,
+              "cpu_brgemm: topk_ids must have one row per token");
   const int64_t topk = topk_ids.size(1);
   const int64_t local_experts = w13.size(0);
   const int64_t hidden = x.size(1);

@@ -87,19 +87,32 @@ inline Path block_path(Policy policy, bool brgemm_supported, bool global_brgemm,
   return can_use_brgemm(brgemm_supported, m_size, n_size) ? Path::kBrgemm : Path::kTiny;
 }
 
+// The local expert of one route, or -1 when the route adds nothing: an id of -1 (a dropped route),
+// an id outside [0, num_experts), an expert on another rank, or an expert_map value outside
+// [0, local_experts). Validation rejects the invalid cases only with check=True, so this is the one
+// place that keeps every later index (the map, the counts, the weights) in bounds. It runs once per
+// route, never in the GEMM loops.
+template <typename IdT>
+inline int32_t local_expert(IdT id, const int32_t* expert_map, int64_t num_experts, int64_t local_experts) {
+  const int64_t global = static_cast<int64_t>(id);
+  if (global < 0 || global >= num_experts) return -1;
+  const int64_t e = expert_map ? expert_map[global] : global;
+  return e >= 0 && e < local_experts ? static_cast<int32_t>(e) : -1;
+}
+
 // Counting sort of routes by local expert, stable in route order so results are deterministic.
-// topk_ids values are validated by the caller; expert_map (nullable) maps global -> local or -1.
+// expert_map (nullable) maps num_experts global ids to local ids or -1; without it global ids are
+// local ids.
 template <typename IdT>
 Routing route(const IdT* topk_ids, const float* topk_weights, int64_t tokens, int64_t topk,
-              const int32_t* expert_map, int64_t local_experts) {
+              const int32_t* expert_map, int64_t num_experts, int64_t local_experts) {
   Routing r;
   const int64_t n = tokens * topk;
   std::vector<int32_t> local(n);
   std::vector<int64_t> count(local_experts + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    int64_t e = static_cast<int64_t>(topk_ids[i]);
-    if (expert_map) e = expert_map[e];
-    local[i] = static_cast<int32_t>(e);
+    const int32_t e = local_expert(topk_ids[i], expert_map, num_experts, local_experts);
+    local[i] = e;
     if (e >= 0) ++count[e + 1];
   }
   for (int64_t e = 0; e < local_experts; ++e) count[e + 1] += count[e];

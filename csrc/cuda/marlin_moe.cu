@@ -102,14 +102,15 @@ cudaError_t run_gemm(const GemmProblem& g, cudaStream_t stream) {
 
 cudaError_t run_route(const RouteProblem& r, cudaStream_t stream) {
   const size_t smem = 2 * sizeof(int) * static_cast<size_t>(r.num_experts);
+  // Only the kIsEP build skips blocks of other ranks' experts, so only it may be given any.
   if (r.ids_int64) {
     moe_route<int64_t><<<1, kRouteThreads, smem, stream>>>(
-        static_cast<const int64_t*>(r.topk_ids), r.routes, r.num_experts, r.expert_map, r.block_m,
-        r.sorted_routes, r.block_expert, r.num_blocks, r.route_expert);
+        static_cast<const int64_t*>(r.topk_ids), r.routes, r.num_experts, r.local_experts, r.expert_map,
+        kIsEP, r.block_m, r.sorted_routes, r.block_expert, r.num_blocks, r.route_expert);
   } else {
     moe_route<int32_t><<<1, kRouteThreads, smem, stream>>>(
-        static_cast<const int32_t*>(r.topk_ids), r.routes, r.num_experts, r.expert_map, r.block_m,
-        r.sorted_routes, r.block_expert, r.num_blocks, r.route_expert);
+        static_cast<const int32_t*>(r.topk_ids), r.routes, r.num_experts, r.local_experts, r.expert_map,
+        kIsEP, r.block_m, r.sorted_routes, r.block_expert, r.num_blocks, r.route_expert);
   }
   return cudaGetLastError();
 }
@@ -121,9 +122,9 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   if (kEntries[p.config2].block_m != block_m) return cudaErrorInvalidValue;
   const int routes = p.tokens * p.top_k;
 
-  cudaError_t err = run_route(RouteProblem{p.topk_ids, p.ids_int64, routes, p.num_experts, block_m,
-                                           p.expert_map, p.sorted_routes, p.block_expert,
-                                           p.num_blocks, p.route_expert},
+  cudaError_t err = run_route(RouteProblem{p.topk_ids, p.ids_int64, routes, p.num_experts,
+                                           p.local_experts, block_m, p.expert_map, p.sorted_routes,
+                                           p.block_expert, p.num_blocks, p.route_expert},
                               stream);
   if (err != cudaSuccess) return err;
 

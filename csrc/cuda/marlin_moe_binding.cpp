@@ -79,9 +79,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> route(const Tensor& topk_ids,
     map = expert_map->data_ptr<int>();
   }
   check_cuda(hal_marlin::run_route(
+                 // This op touches no weights: local ids are bounded by the global count only.
                  hal_marlin::RouteProblem{topk_ids.data_ptr(), topk_ids.scalar_type() == at::kLong,
                                           static_cast<int>(routes), static_cast<int>(num_experts),
-                                          static_cast<int>(block_m), map, sorted.data_ptr<int>(),
+                                          static_cast<int>(num_experts), static_cast<int>(block_m),
+                                          map, sorted.data_ptr<int>(),
                                           block_expert.data_ptr<int>(), num_blocks.data_ptr<int>(),
                                           route_expert.data_ptr<int>()},
                  c10::cuda::getCurrentCUDAStream()),
@@ -172,6 +174,7 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.tokens = static_cast<int>(tokens);
   p.top_k = static_cast<int>(top_k);
   p.num_experts = static_cast<int>(num_experts);
+  p.local_experts = static_cast<int>(w13.size(0));
   p.hidden = static_cast<int>(hidden);
   p.inter = static_cast<int>(inter);
   p.w13_rows = static_cast<int>(w13_rows);
@@ -195,9 +198,21 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
 
 }  // namespace
 
+// Full schemas: the written outputs (gemm's c, moe's out) are declared mutable, so torch.compile,
+// functionalization and torch.library.opcheck see what each op writes.
 TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
-  m.def("kernel_attributes", &kernel_attributes);
-  m.def("route", &route);
-  m.def("gemm", &gemm);
-  m.def("moe", &moe);
+  m.def("kernel_attributes() -> Tensor", &kernel_attributes);
+  m.def("route(Tensor topk_ids, Tensor? expert_map, int num_experts, int block_m) "
+        "-> (Tensor, Tensor, Tensor, Tensor)",
+        &route);
+  m.def("gemm(Tensor a, int a_route_div, Tensor w, Tensor scales, int group, Tensor? bias, "
+        "Tensor? route_weight, Tensor sorted_routes, Tensor block_expert, Tensor num_blocks, "
+        "Tensor(a!) c, int c_row_div, bool c_atomic, int routes, int grid_m, int config, "
+        "int splits) -> ()",
+        &gemm);
+  m.def("moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor s13, Tensor w2, "
+        "Tensor s2, Tensor? b13, Tensor? b2, Tensor? expert_map, Tensor(a!) out, int num_experts, "
+        "int inter, int group13, int group2, int config13, int splits13, int config2, int splits2, "
+        "int grid_m, int activation, float alpha, float limit) -> ()",
+        &moe);
 }

@@ -11,7 +11,7 @@
 // stages    depth of the cp.async pipeline (3 or 4): enough loads in flight to cover HBM latency.
 // The last one stages 128 x 256 tiles 4 deep (133 KB at block_m 64): Hopper/Ampere datacenter parts
 // hold it, 99 KiB consumer parts (sm_86/89/120) do not, and the chooser must skip it there.
-// The order is the seed's "first valid" order: small tiles first. backends/marlin/configs.py reads
+// The order is the "first_valid" baseline's order: small tiles first. backends/marlin/configs.py reads
 // this file, so Python and the compiled table cannot disagree.
 #pragma once
 

@@ -44,7 +44,9 @@ cudaError_t run_gemm(const GemmProblem& g, cudaStream_t stream);
 struct RouteProblem {
   const void* topk_ids;
   bool ids_int64;
-  int routes, num_experts, block_m;
+  int routes, num_experts;
+  int local_experts;      // experts of the weights: a route's local id must lie below it
+  int block_m;
   const int* expert_map;  // null without expert parallelism
   int* sorted_routes;     // [max_blocks * block_m]
   int* block_expert;      // [max_blocks]
@@ -71,7 +73,7 @@ struct MoeProblem {
   const float* b2;
   const int* expert_map;
   void* out;
-  int tokens, top_k, num_experts, hidden, inter, w13_rows;
+  int tokens, top_k, num_experts, local_experts, hidden, inter, w13_rows;
   int config13, splits13, config2, splits2;
   int activation;  // Activation in marlin_moe_pointwise.cuh
   float alpha, limit;

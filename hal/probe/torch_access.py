@@ -36,7 +36,7 @@ def torch_cuda_archs(torch, deep: bool) -> tuple:
 
     Even this build-time fact is fork-unsafe: torch._C._cuda_getArchFlags registers torch's at-fork
     hook, so a child forked afterwards refuses CUDA ("Cannot re-initialize CUDA in forked
-    subprocess") although no context exists. Seen on the H200 host with torch 2.11."""
+    subprocess") although no context exists. Observed with torch 2.11 on an H200."""
     if not (deep or gpu_runtime_initialized(torch)):
         return ()
     flags = torch._C._cuda_getArchFlags() if hasattr(torch._C, "_cuda_getArchFlags") else None

@@ -3,9 +3,10 @@ import logging
 import pytest
 
 import hal
+from hal import ops
 from hal.backend import Target
 from hal.caps import Caps
-from hal.registry import Discovered, decide, discover, select_moe_kernel
+from hal.registry import Discovered, decide, discover, select_kernel, select_moe_kernel
 from hal.verdict import Verdict
 
 pytestmark = pytest.mark.cpu
@@ -15,13 +16,16 @@ CAPS = Caps()
 
 
 class FakeBackend:
-    ops = ("moe",)
-
-    def __init__(self, name, rank, reasons=(), build_error=None):
+    def __init__(self, name, rank, reasons=(), build_error=None, *, ops=("moe",), priority=None,
+                 explicit_only=False):
         self.name, self._rank, self._reasons, self._build_error = name, rank, reasons, build_error
+        self.ops, self._explicit_only = ops, explicit_only
+        if priority is not None:
+            self.priority = priority
 
     def check(self, spec, target):
-        return Verdict.from_reasons(self._reasons, notes=[f"{self.name} fits"])
+        return Verdict.from_reasons(self._reasons, notes=[f"{self.name} fits"],
+                                    explicit_only=self._explicit_only)
 
     def rank(self, spec, target):
         return self._rank
@@ -38,7 +42,7 @@ def found(*backends):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for var in ("HAL_BACKENDS", "HAL_DISABLE_BACKENDS", "HAL_MOE_BACKEND"):
+    for var in ("HAL_BACKENDS", "HAL_DISABLE_BACKENDS", *(op.override_variable for op in ops.OPS)):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -119,8 +123,122 @@ def test_entry_points_include_the_builtin_backends():
     assert {"reference", "cpu_brgemm", "marlin", "requant"} <= names
 
 
-def test_reference_is_last_but_always_there():
-    kernel = select_moe_kernel(SPEC, "cpu", caps=CAPS, prefer="reference")
-    assert kernel.backend == "reference"
-    ref = next(c for c in kernel.decision.candidates if c.name == "reference")
-    assert ref.rank == min(c.rank for c in kernel.decision.candidates if c.rank is not None)
+def test_reference_wins_only_where_nothing_faster_accepts():
+    """A CPU without a fast path for the format gets the reference; one with it does not, and
+    there the reference is accepted but ranked below the winner."""
+    found_ = discover()
+    zen4 = Target("cpu", hal.probe(profile="zen4"))
+    int4 = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
+                       weight_format="int4_g128")
+    assert decide(int4, zen4, found_).winner == "reference"
+    d = decide(SPEC, zen4, found_)
+    assert d.winner == "cpu_brgemm", d.explain()
+    by_name = {c.name: c for c in d.candidates}
+    assert by_name["reference"].verdict.ok
+    assert by_name["reference"].rank < by_name["cpu_brgemm"].rank
+
+
+MASKED = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
+                     weight_format="w4afp8", layout="masked")
+REQUANT = hal.RequantSpec(num_experts=8, hidden_size=256)
+
+
+@pytest.mark.parametrize("spec, op", [(SPEC, "moe"), (MASKED, "moe_masked"), (REQUANT, "requant")])
+def test_each_spec_asks_for_one_op(spec, op):
+    assert ops.op_of(spec).name == op
+    assert decide(spec, Target("cpu", CAPS), []).op == op
+
+
+def test_a_backend_is_asked_only_for_the_ops_it_declares():
+    backends = found(FakeBackend("moe_only", 9), FakeBackend("masked_only", 5, ops=("moe_masked",)))
+    d = decide(MASKED, Target("cpu", CAPS), backends)
+    assert d.winner == "masked_only"
+    assert "does not serve op 'moe_masked'" in d.explain()
+
+
+@pytest.mark.parametrize("variable, spec, forced_wins", [
+    ("HAL_MOE_BACKEND", SPEC, True), ("HAL_MOE_BACKEND", MASKED, False),
+    ("HAL_MOE_BACKEND", REQUANT, False), ("HAL_MOE_MASKED_BACKEND", MASKED, True),
+    ("HAL_MOE_MASKED_BACKEND", SPEC, False), ("HAL_REQUANT_BACKEND", REQUANT, True),
+    ("HAL_REQUANT_BACKEND", SPEC, False),
+])
+def test_override_variables_apply_to_their_own_op_only(monkeypatch, variable, spec, forced_wins):
+    every_op = ("moe", "moe_masked", "requant")
+    backends = found(FakeBackend("slow", 1, ops=every_op), FakeBackend("fast", 9, ops=every_op))
+    monkeypatch.setenv(variable, "slow")
+    d = decide(spec, Target("cpu", CAPS), backends)
+    assert d.winner == ("slow" if forced_wins else "fast"), d.explain()
+    assert (d.forced_by == variable) is forced_wins
+
+
+def test_moe_override_does_not_touch_requant_selection_of_the_real_backends(monkeypatch):
+    monkeypatch.setenv("HAL_MOE_BACKEND", "marlin")
+    kernel = hal.select_requant_kernel(REQUANT, "cpu", caps=CAPS)
+    assert kernel.backend == "reference" and kernel.decision.forced_by is None
+    monkeypatch.setenv("HAL_REQUANT_BACKEND", "marlin")
+    with pytest.raises(hal.NoKernelError, match="HAL_REQUANT_BACKEND"):
+        hal.select_requant_kernel(REQUANT, "cpu", caps=CAPS)
+
+
+def test_prefer_wins_over_the_override_variable(monkeypatch):
+    backends = found(FakeBackend("a", 1), FakeBackend("b", 2))
+    monkeypatch.setenv("HAL_MOE_BACKEND", "b")
+    d = decide(SPEC, Target("cpu", CAPS), backends, prefer="a")
+    assert (d.winner, d.forced_by) == ("a", "prefer=")
+
+
+def test_forcing_an_unknown_backend_says_it_is_not_registered():
+    with pytest.raises(hal.NoKernelError, match="'nope' \\(prefer=\\) is not a registered backend"):
+        select_moe_kernel(SPEC, "cpu", caps=CAPS, prefer="nope", backends=found(FakeBackend("a", 1)))
+
+
+def test_explicit_only_never_wins_unless_named(monkeypatch):
+    backends = found(FakeBackend("interp", 99, explicit_only=True), FakeBackend("plain", 1))
+    d = decide(SPEC, Target("cpu", CAPS), backends)
+    assert d.winner == "plain"
+    line = next(x for x in d.explain().splitlines() if "interp" in x)
+    assert line.lstrip().startswith("only interp") and "explicit only" in line
+    assert "HAL_MOE_BACKEND" in line
+    assert decide(SPEC, Target("cpu", CAPS), backends, prefer="interp").winner == "interp"
+    monkeypatch.setenv("HAL_MOE_BACKEND", "interp")
+    assert decide(SPEC, Target("cpu", CAPS), backends).winner == "interp"
+
+
+def test_explicit_only_alone_is_no_kernel():
+    with pytest.raises(hal.NoKernelError, match="explicit only"):
+        select_moe_kernel(SPEC, "cpu", caps=CAPS,
+                          backends=found(FakeBackend("interp", 5, explicit_only=True)))
+
+
+def test_requant_interpreter_on_cpu_is_explicit_only(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    d = decide(REQUANT, Target("cpu", CAPS), discover())
+    requant = next(c for c in d.candidates if c.name == "requant")
+    assert requant.verdict.ok and requant.verdict.explicit_only and not requant.eligible
+    assert d.winner == "reference"
+    assert decide(REQUANT, Target("cpu", CAPS), discover(), prefer="requant").winner == "requant"
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_equal_ranks_fall_to_priority_then_name_whatever_the_discovery_order(order):
+    backends = [FakeBackend("zeta", 5, priority=1), FakeBackend("alpha", 5), FakeBackend("beta", 5)]
+    if order:
+        backends.reverse()
+    assert decide(SPEC, Target("cpu", CAPS), found(*backends)).winner == "zeta"
+    without_priority = [b for b in backends if b.name != "zeta"]
+    assert decide(SPEC, Target("cpu", CAPS), found(*without_priority)).winner == "alpha"
+
+
+def test_a_failed_build_falls_to_the_next_by_the_same_rule():
+    backends = found(FakeBackend("b", 5), FakeBackend("a", 5, build_error="no compiler"),
+                     FakeBackend("c", 5, priority=2, build_error="nvcc missing"))
+    kernel = select_moe_kernel(SPEC, "cpu", caps=CAPS, backends=backends)
+    assert kernel.backend == "b"
+    text = kernel.decision.explain()
+    for why in ("build failed: RuntimeError: nvcc missing", "build failed: RuntimeError: no compiler"):
+        assert why in text
+
+
+def test_every_failed_build_is_no_kernel_with_the_build_errors():
+    with pytest.raises(hal.NoKernelError, match="build failed: RuntimeError: nvcc missing"):
+        select_kernel(SPEC, "cpu", caps=CAPS, backends=found(FakeBackend("a", 5, build_error="nvcc missing")))

@@ -67,7 +67,7 @@ def run_layer(spec, m, routing="uniform", seed=0, kernel=None, ids_dtype=torch.i
     assert torch.isfinite(out).all(), "some output element was never written (poison left)"
     err = rel_err(out, ref)
     assert err <= REL_TOL, f"rel err {err:.3g} for {spec} m={m} {routing}"
-    local = ops.local_ids(ti, w.expert_map)
+    local = ops.local_ids(spec, ti, w.expert_map)
     idle = ~(local >= 0).any(dim=1)  # tokens all of whose experts live on other ranks
     assert (out[idle] == 0).all()
     return out

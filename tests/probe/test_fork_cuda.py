@@ -1,6 +1,6 @@
 """On a CUDA host: after a plain probe, a forked child can still use CUDA.
 
-Runs in a fresh interpreter because any other test in this session may already have initialised CUDA
+Runs in a fresh interpreter because any other test in this pytest process may already have initialised CUDA
 in the pytest process, which would break the fork whatever the probe did."""
 
 import subprocess

@@ -87,7 +87,7 @@ def test_size(text, size):
     ("0,56", "0,56", (2, "per_core")),  # SMT pair shares L2: still one core's
     ("0-1", "0-1", (2, "per_core")),
     ("0-55,112-167", "0,112", (112, "shared")),  # L3 of a socket
-    ("0-1", "0", (2, "shared")),  # this VM's L3: two cores, no SMT
+    ("0-1", "0", (2, "shared")),  # a 2-vCPU VM's L3: two cores, no SMT
     ("", "0,1", (2, "per_core")),  # blank list from a hypervisor
 ])
 def test_cache_scope(shared, siblings, expected):

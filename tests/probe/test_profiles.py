@@ -96,11 +96,11 @@ def test_bad_name_lists_available():
 
 def test_hal_caps_file(monkeypatch, tmp_path):
     caps = attrs.evolve(load_profile("mi300x"), profile=None)
-    path = tmp_path / "box.json"
+    path = tmp_path / "machine.json"
     path.write_text(caps.to_json())
     monkeypatch.setenv("HAL_CAPS", str(path))
     loaded = probe()
-    assert loaded.gpus == caps.gpus and loaded.profile == "box"
+    assert loaded.gpus == caps.gpus and loaded.profile == "machine"
     assert probe(profile="h200").profile == "h200", "profile= wins over HAL_CAPS"
 
 

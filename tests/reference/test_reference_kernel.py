@@ -47,7 +47,7 @@ def test_empty_batch_and_bad_inputs_name_the_argument():
     tw, ti = random_routing(spec, 3)
     with pytest.raises(ValueError, match=r"^x has dtype torch.float32"):
         kernel(x.float(), tw, ti, prepared)
-    with pytest.raises(ValueError, match=r"^topk_ids holds values in \[4, 4\]: expected \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"^topk_ids holds values in \[4, 4\]: expected \[-1, 4\)"):
         kernel(x, tw, torch.full_like(ti, 4), prepared)
     with pytest.raises(ValueError, match=r"^topk_weights has shape"):
         kernel(x, tw[:, :1], ti, prepared)

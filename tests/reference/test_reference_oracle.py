@@ -1,4 +1,4 @@
-"""backends/reference against a float64 evaluation written here from DESIGN.md alone, decoding
+"""backends/reference against a float64 evaluation written here from docs/contract.md alone, decoding
 every format bit by bit rather than through the reference's own dequantizers."""
 
 import math

@@ -46,7 +46,7 @@ def test_dispatcher_reporting_one_high_does_not_move_the_grid(num_experts):
         assert reported == exact, f"E={num_experts} rows={rows}"
 
 
-def test_no_estimate_keeps_the_historic_grid_and_no_cap():
+def test_no_estimate_keeps_the_legacy_grid_and_no_cap():
     for num_experts in (8, 56, 512):
         g = geometry(K3_GROUPS, num_experts, max_rows=128)
         assert g.m_grid == tuning.LEGACY_M_GRID == 32
@@ -126,17 +126,3 @@ def test_bad_arguments_name_themselves(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
         geometry(**bad)
-
-
-@pytest.mark.profiles
-@pytest.mark.parametrize("profile, g_block_wide, g_block_narrow", [("h200", 16, 8), ("mi300x", 32, 16)])
-def test_recorded_profiles_give_their_geometry(profile, g_block_wide, g_block_narrow):
-    import hal
-
-    if profile not in hal.profiles():
-        pytest.skip(f"profile {profile!r} is not recorded yet (have {hal.profiles()})")
-    gpu = hal.probe(profile=profile).gpus[0]
-    wide = geometry(DSV3_GROUPS, 256, expected_rows=2, warp_size=gpu.warp_size, max_rows=4096)
-    assert tuple(wide) == (g_block_wide, 4, 4)
-    narrow = geometry(DSV3_GROUPS, 8, expected_rows=129, warp_size=gpu.warp_size, max_rows=4096)
-    assert tuple(narrow) == (g_block_narrow, 32, 258)

@@ -1,0 +1,67 @@
+"""The marlin backend object: which specs and GPUs the Marlin kernels run, from (spec, caps)
+alone. The toolchain (a CUDA build of torch, an nvcc that targets the GPU's arch) is checked in
+build(), so a host without it fails the build with the reason and selection builds the next
+backend."""
+
+from __future__ import annotations
+
+from backends.marlin.build import arch_problems
+from hal.backend import RANK_SPECIALIZED
+from hal.verdict import Verdict
+
+# The routing kernel keeps two ints per global expert in shared memory, within the 48 KiB that
+# needs no opt-in.
+MAX_EXPERTS = 4096
+# K and N of both GEMMs must be whole 64-wide tiles (the smallest thread_k and thread_n).
+SHAPE_MULTIPLE = 64
+
+
+def spec_problems(spec) -> list:
+    """Every reason the Marlin kernels cannot run this moe spec."""
+    problems = []
+    if spec.weight_format != "int4_g128":
+        problems.append(f"weight_format={spec.weight_format}: Marlin runs int4_g128 (GPTQ uint4b8) only")
+    for name in ("hidden_size", "intermediate_size"):
+        value = getattr(spec, name)
+        if value % SHAPE_MULTIPLE:
+            problems.append(f"{name}={value} is not a multiple of {SHAPE_MULTIPLE} (the smallest tile)")
+    if spec.num_experts > MAX_EXPERTS:
+        problems.append(f"num_experts={spec.num_experts} exceeds the routing kernel's {MAX_EXPERTS}")
+    return problems
+
+
+class MarlinBackend:
+    name = "marlin"
+    ops = ("moe",)
+
+    def check(self, spec, target) -> Verdict:
+        reasons = spec_problems(spec)
+        if target.is_cpu:
+            reasons.append("needs an NVIDIA GPU (sm_80 or newer); the target is the CPU")
+        else:
+            reasons += arch_problems(target.gpu, target.device)
+        notes = ()
+        if not reasons:
+            ep = "kIsEP" if spec.is_ep else "no EP"
+            bias = "kHasBias" if spec.has_bias else "no bias"
+            notes = (f"W4A16 mma.sync on {target.gpu.arch}, {spec.act_dtype}, {ep}, {bias}, "
+                     "occupancy-aware launch config",)
+        return Verdict.from_reasons(reasons, notes)
+
+    def rank(self, spec, target) -> int:
+        return RANK_SPECIALIZED
+
+    def build(self, spec, target):
+        from backends.marlin import build
+        from backends.marlin.kernel import MarlinMoEKernel
+
+        # A recorded profile describes another machine: its toolchain is checked there, when the
+        # kernel compiles; the kernel object still plans for the profile.
+        if target.caps.profile is None:
+            problems = build.toolchain_problems(target.gpu.arch)
+            if problems:
+                raise build.ToolchainError("; ".join(problems))
+        return MarlinMoEKernel(spec, target)
+
+
+backend = MarlinBackend()
