@@ -47,3 +47,23 @@ def test_moe_weights_that_cannot_fit_are_refused_before_allocating(monkeypatch):
     monkeypatch.setattr(machine, "free_bytes", lambda device: 1 << 30)
     with pytest.raises(ValueError, match="--local-experts"):
         moe.check_fits(PRESETS["deepseek-v3"].spec("fp8_block128"), "cpu", 2)
+
+
+def test_a_suite_writes_json_and_markdown_per_run(tmp_path, monkeypatch):
+    """The smoke suite end to end, through the CLI; the ceilings (timed elsewhere) are fixed so
+    the run takes seconds."""
+    import json
+
+    from hal.bench import ceilings
+    from hal.cli.main import main
+
+    monkeypatch.setattr(ceilings, "measure", lambda device: ceilings.Ceilings(device, 10.0, 1.0))
+    assert main(["bench", "suite", "smoke", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "smoke"
+    result = json.loads((folder / "tiny_bf16.json").read_text())
+    assert result["command"].startswith("hal bench moe --experts 8")
+    assert {r["tokens"] for r in result["rows"]} == {1, 16}
+    assert all(r["timing"]["median_s"] > 0 for r in result["rows"])
+    table = (folder / "tiny_bf16.md").read_text()
+    assert table.count("| uniform |") == len(result["rows"])
+    assert "## tiny_bf16" in (folder / "README.md").read_text()
