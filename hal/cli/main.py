@@ -8,6 +8,7 @@ import os
 import sys
 
 from hal.cli import bench_cmd, build_cmd, probe_cmd, profiles_cmd, select_cmd
+from hal.jit import BuildError
 
 COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd)
 
@@ -32,6 +33,9 @@ def main(argv=None) -> int:
     except (ValueError, KeyError) as exc:
         print(f"hal {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BuildError as exc:  # a kernel that could not be compiled or cached: the reason, no traceback
+        print(f"hal {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

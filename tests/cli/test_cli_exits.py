@@ -33,3 +33,21 @@ def test_probe_into_a_closed_pipe_exits_quietly():
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141
     assert err == ""
+
+
+def test_an_unusable_kernel_cache_is_named_without_a_traceback(tmp_path):
+    import os
+
+    from backends.cpu_brgemm.backend import isa_for
+    from hal.testing import live_cpu_caps
+
+    if isa_for(live_cpu_caps().cpu) is None:
+        pytest.skip("this CPU runs no compiled kernel (neither AVX-512-BF16 nor AVX2+FMA)")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    run = subprocess.run([sys.executable, "-m", "hal.cli.main", "build", "--model", "gpt-oss-20b"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HAL_CACHE_DIR": str(blocker / "cache")})
+    assert run.returncode == 1
+    assert f"HAL_CACHE_DIR={blocker / 'cache'} is not a writable directory" in run.stdout
+    assert "Traceback" not in run.stdout + run.stderr
