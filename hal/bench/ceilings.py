@@ -20,6 +20,10 @@ GPU_SPIN_UP_S = 0.3
 # Launches per graph when timing an empty kernel, as many as a rotated benchmark replays.
 EMPTY_LAUNCHES = 64
 CPU_MATMUL_N = 2048  # large enough for oneDNN/AMX to reach its plateau on one socket in ~10 ms
+# Where torch has no fast bf16 GEMM for the CPU (a scalar path: ~0.1-1 GFLOP/s), a 2048^3 matmul
+# takes minutes; the size is then lowered so one call takes about this long.
+CPU_MATMUL_TARGET_S = 0.05
+CPU_MATMUL_PROBE_N = 256
 GPU_MATMUL_N = 8192  # the size at which the H200's bf16 rate was recorded (708-790 TFLOP/s)
 
 
@@ -33,7 +37,7 @@ class Ceilings:
     def describe(self) -> str:
         launch = f", empty launch {self.launch_us:.2f} us" if self.launch_us is not None else ""
         return (f"ceilings on {self.device}, measured in this run: copy {self.copy_gbps:.0f} GB/s, "
-                f"bf16 matmul {self.bf16_tflops:.1f} TFLOP/s{launch}")
+                f"bf16 matmul {self.bf16_tflops:.3g} TFLOP/s{launch}")
 
     def floor_s(self, bytes_moved: float = 0.0, flops: float = 0.0) -> float:
         """The least time any kernel needs for this work here."""
@@ -43,7 +47,7 @@ class Ceilings:
 
 def measure(device: str) -> Ceilings:
     cpu = device == "cpu"
-    n = CPU_MATMUL_N if cpu else GPU_MATMUL_N
+    n = _cpu_matmul_n() if cpu else GPU_MATMUL_N
     copy_bytes = CPU_COPY_BYTES if cpu else GPU_COPY_BYTES
     return Ceilings(device, 2 * copy_bytes / _copy_seconds(device, copy_bytes) / 1e9,
                     2 * n**3 / _matmul_seconds(device, n) / 1e12,
@@ -74,9 +78,18 @@ def _empty_launch_us(device: str) -> Optional[float]:
     return time_calls(device, [lambda: launch(scratch)] * EMPTY_LAUNCHES, warmup=2, iters=10).median_s * 1e6
 
 
-def _matmul_seconds(device: str, n: int) -> float:
+def _cpu_matmul_n() -> int:
+    """CPU_MATMUL_N, or the size (a multiple of 128) at which one bf16 matmul takes about
+    CPU_MATMUL_TARGET_S at the rate a small probe shows."""
+    n = CPU_MATMUL_PROBE_N
+    seconds = _matmul_seconds("cpu", n, warmup=1, iters=1)
+    fitting = int((2 * n**3 / seconds * CPU_MATMUL_TARGET_S / 2) ** (1 / 3)) // 128 * 128
+    return max(n, min(CPU_MATMUL_N, fitting))
+
+
+def _matmul_seconds(device: str, n: int, warmup: int = 2, iters: int = 10) -> float:
     import torch
 
     a = torch.randn(n, n, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, device=device).to(torch.bfloat16)
-    return time_calls(device, [lambda: a @ b], warmup=2, iters=10).median_s
+    return time_calls(device, [lambda: a @ b], warmup=warmup, iters=iters).median_s
