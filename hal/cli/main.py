@@ -29,7 +29,9 @@ def main(argv=None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(name)s: %(message)s")
     try:
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        sys.stdout.flush()  # a pipe's buffer is written here, where a closed reader is caught
+        return code
     except (ValueError, KeyError) as exc:
         print(f"hal {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -25,9 +25,11 @@ def test_bench_without_the_device_says_so_in_one_line():
         assert "Traceback" not in run.stderr
 
 
-def test_probe_into_a_closed_pipe_exits_quietly():
-    """`hal probe | head`: the reader is gone before the table is written."""
-    proc = subprocess.Popen([sys.executable, "-m", "hal.cli.main", "probe"], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("command", ["probe", "profiles"])
+def test_output_into_a_closed_pipe_exits_quietly(command):
+    """`hal probe | head`: the reader is gone before the output is written (`profiles` prints less
+    than a pipe buffer, so it is written only when the buffer is flushed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "hal.cli.main", command], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.close()
     err = proc.stderr.read()
