@@ -1,0 +1,117 @@
+"""Expert parallelism across processes: every test spawns its ranks as separate processes on
+127.0.0.1 (gloo on CPU), each bounded by a timeout so a hang fails instead of stalling CI. The ranks
+check their own results (tests/distributed/ep_worker.py) against the single-process reference."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hal
+from hal.distributed import EPGroup, ExpertAssignment
+from hal.testing import live_cpu_caps
+
+pytestmark = pytest.mark.cpu
+
+WORKER = Path(__file__).with_name("ep_worker.py")
+RANKS_TIMEOUT_S = 150
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario: str, world: int, backends: str = "reference") -> list:
+    """Each rank's output; fails with every rank's log if one exits nonzero or they outlive the
+    timeout."""
+    port = free_port()
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    command = [sys.executable, str(WORKER), scenario, "RANK", str(world), str(port), backends]
+    procs = [subprocess.Popen([str(r) if a == "RANK" else a for a in command], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(world)]
+    logs, hung = [], False
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=RANKS_TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            for q in procs:
+                q.kill()
+            logs.append(p.communicate()[0])
+    codes = [p.returncode for p in procs]
+    report = "\n".join(f"--- rank {r} (exit {c})\n{log}"
+                       for r, (c, log) in enumerate(zip(codes, logs, strict=True)))
+    assert not hung, f"{scenario}: ranks still running after {RANKS_TIMEOUT_S} s\n{report}"
+    assert codes == [0] * world, f"{scenario} failed\n{report}"
+    return logs
+
+
+@pytest.fixture(scope="module")
+def cpu_brgemm_built():
+    """Build cpu_brgemm's extension once here, so the ranks load it from the cache instead of
+    compiling it side by side."""
+    spec = hal.MoESpec(num_experts=8, top_k=1, hidden_size=64, intermediate_size=96, num_local_experts=2)
+    hal.select_moe_kernel(spec, "cpu", caps=live_cpu_caps(), prefer="cpu_brgemm").compile()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_layer_matches_single_process_reference(world, cpu_brgemm_built):
+    logs = run_ranks("layers_and_masked", world, "reference,cpu_brgemm")
+    cases = 5 + (world > 1)
+    for log in logs:
+        for backend in ("reference", "cpu_brgemm"):
+            assert log.count(f"PASS layer {backend} ") == cases, log
+        assert log.count("PASS masked ") == 1, log
+
+
+def test_invalid_input_on_one_rank_raises_on_every_rank():
+    logs = run_ranks("invalid", 2)
+    assert "another rank (rank 1: topk_ids)" in logs[0]
+    assert "topk_ids holds values in [0, 8]" in logs[1]
+    assert all("recovered" in log for log in logs)
+
+
+def test_a_rank_that_never_combines_times_out_the_others_naming_the_step():
+    logs = run_ranks("timeout", 2)
+    assert "expert-parallel combine timed out on rank 0" in logs[0]
+
+
+@pytest.mark.cuda
+def test_nccl_world_size_one():
+    run_ranks("nccl_single", 1)
+
+
+def test_contiguous_assignment_balances_and_maps():
+    a = ExpertAssignment.contiguous(10, 4)
+    assert a.experts == ((0, 1, 2), (3, 4, 5), (6, 7), (8, 9))
+    assert a.expert_map(1).tolist() == [-1, -1, -1, 0, 1, 2, -1, -1, -1, -1]
+    owner, local = a.tables("cpu")
+    assert owner.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 3, 3]
+    assert local.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("experts, message", [
+    ([[0, 1], [1, 2, 3]], "exactly one rank"),
+    ([[0, 1, 2, 3], []], "ranks \\[1\\] own no expert"),
+    ([[0, 1], [2]], "exactly one rank"),
+])
+def test_explicit_assignment_rejects_gaps_overlaps_and_idle_ranks(experts, message):
+    with pytest.raises(ValueError, match=f"^assignment: .*{message}"):
+        ExpertAssignment.explicit(4, experts)
+
+
+def test_group_without_torch_distributed_names_the_group():
+    spec = hal.MoESpec(num_experts=4, top_k=2, hidden_size=64, intermediate_size=64)
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="^group: torch.distributed is not initialized"):
+        hal.select_moe_kernel(spec, "cpu", caps=live_cpu_caps(), prefer="reference",
+                              group=EPGroup(object()))
