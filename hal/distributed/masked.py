@@ -74,7 +74,7 @@ def dispatch_masked(group, x, topk_weights, topk_ids, *, num_experts: int, x_sca
     digest = fingerprint("masked", num_experts, width, getattr(x, "dtype", None), x_scale is not None,
                          max_m, assignment.experts)
     validate = _validate(x, topk_weights, topk_ids, x_scale, max_m, num_experts) if check else None
-    routes, counts = exchange_counts(comm, topk_weights, topk_ids, assignment.tables(x.device), digest,
+    routes, counts = exchange_counts(comm, topk_weights, topk_ids, assignment.tables(comm.device), digest,
                                      validate)
     busiest = int(counts.routes.sum(dim=0).max()) if num_experts else 0
     if max_m is not None and busiest > max_m:

@@ -115,3 +115,41 @@ def test_group_without_torch_distributed_names_the_group():
     with pytest.raises(ValueError, match="^group: torch.distributed is not initialized"):
         hal.select_moe_kernel(spec, "cpu", caps=live_cpu_caps(), prefer="reference",
                               group=EPGroup(object()))
+
+
+def _rank_kernel(rank: int, world: int, spec):
+    """Rank `rank`'s kernel without a live group: prepare_weights runs no collective."""
+    from hal.distributed.group import Comm
+    from hal.distributed.kernel import ExpertParallelKernel, local_spec
+
+    assignment = ExpertAssignment.contiguous(spec.num_experts, world)
+    comm = Comm(None, rank, world, "gloo", torch.device("cpu"), assignment, None)
+    local = hal.select_moe_kernel(local_spec(spec, assignment.local_count(rank)), "cpu",
+                                  caps=live_cpu_caps(), prefer="reference")
+    return ExpertParallelKernel(spec, comm, local)
+
+
+def test_prepare_weights_keeps_the_ranks_slice_from_all_or_from_its_own_experts():
+    import attrs
+
+    from hal.synth import random_weights
+
+    spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, has_bias=True)
+    kernel = _rank_kernel(1, 2, spec)  # experts 4..7
+    weights = random_weights(spec, seed=1)
+    from_all = kernel.prepare_weights(weights).data.data["weights"]
+    assert torch.equal(from_all.w13, weights.w13[4:]) and torch.equal(from_all.b2, weights.b2[4:])
+    assert from_all.expert_map.tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    reverse = [7, 6, 5, 4]
+    expert_map = torch.full((8,), -1, dtype=torch.int32)
+    expert_map[reverse] = torch.arange(4, dtype=torch.int32)
+    own = attrs.evolve(weights, w13=weights.w13[reverse], w2=weights.w2[reverse], b13=weights.b13[reverse],
+                       b2=weights.b2[reverse], expert_map=expert_map)
+    from_own = kernel.prepare_weights(own).data.data["weights"]
+    assert torch.equal(from_own.w13, weights.w13[4:]) and torch.equal(from_own.b13, weights.b13[4:])
+    with pytest.raises(ValueError, match="^weights.w13 holds 4 experts and there is no expert_map"):
+        kernel.prepare_weights(attrs.evolve(own, expert_map=None))
+    wrong = torch.full((8,), -1, dtype=torch.int32)
+    wrong[:4] = torch.arange(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^weights.expert_map holds experts \[0, 1, 2, 3\]: rank 1 owns"):
+        kernel.prepare_weights(attrs.evolve(own, expert_map=wrong))
