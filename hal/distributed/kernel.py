@@ -51,8 +51,8 @@ class ExpertParallelKernel(KernelBase):
         self.backend = f"ep:{local.backend}"
         self.experts = comm.assignment.experts[comm.rank]
         self._tables = comm.assignment.tables(self.device)
-        self._digest = fingerprint(spec.num_experts, spec.top_k, spec.hidden_size, spec.act_dtype,
-                                   spec.weight_format, spec.activation, spec.has_bias,
+        # The whole layer but this rank's share, which may differ between ranks.
+        self._digest = fingerprint(attrs.astuple(attrs.evolve(spec, num_local_experts=None)),
                                    comm.assignment.experts)
         # The local kernel sees local ids directly: ids [0, L) map to themselves.
         self._local_map = None

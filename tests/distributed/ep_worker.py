@@ -190,6 +190,23 @@ def invalid(group, world, rank, backend):
     out = kernel(x, tw, ti, prepared)
     assert not torch.isnan(out).any()
     print(f"PASS invalid rank {rank} recovered", flush=True)
+    # Ranks built for different layers: every rank refuses before any row moves.
+    other = attrs.evolve(spec, intermediate_size=64) if rank == 1 else spec
+    mismatched = hal.select_moe_kernel(other, "cpu", caps=live_cpu_caps(), prefer=backend, group=group)
+    try:
+        mismatched(x, tw, ti, mismatched.prepare_weights(random_weights(other, seed=3)))
+    except ValueError as exc:
+        assert "disagree on the layer" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: no ValueError for ranks built with different specs")
+    # A masked buffer too short for the busiest expert: every rank refuses, none waits.
+    try:
+        dispatch_masked(group, x, tw, ti, num_experts=spec.num_experts, max_m=1)
+    except ValueError as exc:
+        assert str(exc).startswith("max_m=1 is too small"), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: no ValueError for max_m=1")
+    print(f"PASS invalid rank {rank} mismatched spec and short max_m", flush=True)
 
 
 def timeout(group, world, rank, backend):
