@@ -226,7 +226,7 @@ def timeout(group, world, rank, backend):
             raise AssertionError("rank 0 finished a combine that rank 1 never joined")
     else:
         kernel.dispatch(x, tw, ti, prepared)  # then never combines
-        time.sleep(4)
+        time.sleep(8)  # well past rank 0's 2 s timeout, so rank 0 sees a timeout, not a closed peer
         print("PASS timeout rank 1 left without combining", flush=True)
 
 
