@@ -1,6 +1,6 @@
 """One rank of an expert-parallel test: `python ep_worker.py SCENARIO RANK WORLD PORT [BACKENDS]`
 (BACKENDS: comma-separated local backends, default "reference").
-Every rank rebuilds every rank's inputs from fixed seeds, so each can check its own output against
+Every rank regenerates every rank's inputs deterministically, so each can check its own output against
 the single-process reference and its received rows against what the other ranks sent. Prints
 "PASS <scenario> <case>" per checked case; any failure is a traceback and a nonzero exit."""
 
