@@ -190,6 +190,11 @@ def invalid(group, world, rank, backend):
     out = kernel(x, tw, ti, prepared)
     assert not torch.isnan(out).any()
     print(f"PASS invalid rank {rank} recovered", flush=True)
+    # Unchecked, an out-of-range id is dropped like -1: nothing is read out of bounds.
+    unchecked = kernel(x, tw, bad, prepared, check=False)
+    dropped = torch.where(bad >= spec.num_experts, torch.full_like(bad, -1), bad)
+    want = ops.moe_tokens(spec, x, tw, dropped, random_weights(spec, seed=3), compute_dtype=torch.float64)
+    assert rel_err(unchecked, want) <= ACCURACY
     # Ranks built for different layers: every rank refuses before any row moves.
     other = attrs.evolve(spec, intermediate_size=64) if rank == 1 else spec
     mismatched = hal.select_moe_kernel(other, "cpu", caps=live_cpu_caps(), prefer=backend, group=group)
