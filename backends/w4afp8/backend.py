@@ -95,7 +95,7 @@ class W4AFp8Backend:
         reasons = spec_problems(spec) + target_problems(target)
         if not reasons:
             reasons = list(_triton_problems())
-        return Verdict.from_reasons(reasons, _notes(target))
+        return Verdict.from_reasons(reasons, () if reasons else _notes(target))
 
     def rank(self, spec, target) -> int:
         return RANK_INTERPRETED if target.is_cpu else RANK_SPECIALIZED
