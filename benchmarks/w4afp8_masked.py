@@ -74,18 +74,22 @@ def kernels(spec, device, caps, include_reference: bool):
 
 
 def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate, include_reference):
+    import attrs
     import torch
 
     from hal.bench.timing import time_calls
     from hal.spec import MoESpec
-    from hal.synth import random_masked_inputs, random_weights
+    from hal.synth import random_expert_map, random_masked_inputs, random_weights
 
     spec = MoESpec(num_experts=GLOBAL_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN,
                    intermediate_size=INTERMEDIATE, num_local_experts=experts, weight_format="w4afp8",
                    layout="masked")
     runs = kernels(spec, device, caps, include_reference)
     fp8 = runs[0][1].fp8_dtype
-    weight_sets = [random_weights(spec, device=device, seed=100 + i) for i in range(ROTATE_WEIGHTS)]
+    # The masked layout holds local experts only; the expert map is validated, never read.
+    expert_map = random_expert_map(spec, seed=99, device=device)
+    weight_sets = [attrs.evolve(random_weights(spec, device=device, seed=100 + i), expert_map=expert_map)
+                   for i in range(ROTATE_WEIGHTS)]
     prepared = {}
     for label, kernel in runs:
         print(f"[w4afp8 bench] E={experts}: preparing weights for {label} ...", file=sys.stderr, flush=True)

@@ -3,12 +3,13 @@ both feeds against the float64 oracle, bit-equal to each other, rows past masked
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
 from backends.reference import ops
 from hal.spec import MoESpec
-from hal.synth import random_masked_inputs, random_weights
+from hal.synth import random_expert_map, random_masked_inputs, random_weights
 from hal.testing import ACCURACY, is_poison, poison, rel_err
 
 pytestmark = pytest.mark.cuda
@@ -53,6 +54,12 @@ def kernels(spec, target):
     return {"fused": fused, "requant": fused.baselines()["requant"]}
 
 
+def weights_of(spec, device, seed):
+    """Random local experts; the expert map is validated under EP, never read by the masked layout."""
+    weights = random_weights(spec, device=device, seed=seed)
+    return attrs.evolve(weights, expert_map=random_expert_map(spec, seed=seed, device=device))
+
+
 def oracle(spec, x, scale, masked_m, weights):
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     return ops.moe_masked(spec, x, scale, masked_m, weights, out, compute_dtype=torch.float64)
@@ -62,7 +69,7 @@ def run_both(spec, target, counts, max_m, expected_rows, seed, layout="column"):
     """Both feeds on fresh inputs: every live row within ACCURACY of the oracle, every dead row still
     poison, and the two feeds' outputs equal byte for byte."""
     runs = kernels(spec, target)
-    weights = random_weights(spec, device=target.device, seed=seed)
+    weights = weights_of(spec, target.device, seed)
     x, scale, masked_m = random_masked_inputs(spec.local_experts, spec.hidden_size, max_m, counts,
                                               seed=seed + 1, device=target.device, scale_layout=layout,
                                               fp8_dtype=runs["fused"].fp8_dtype)
@@ -116,7 +123,7 @@ def test_many_local_experts_few_rows(target):
 def test_masked_m_above_max_m_stays_inside_the_buffer_without_check(target):
     spec = spec_of(2, hidden_size=1024, intermediate_size=256)
     kernel = kernels(spec, target)["fused"]
-    weights = random_weights(spec, device=target.device, seed=15)
+    weights = weights_of(spec, target.device, 15)
     x, scale, _ = random_masked_inputs(2, 1024, 4, [4, 4], seed=16, device=target.device,
                                        fp8_dtype=kernel.fp8_dtype)
     out = poison(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
@@ -130,7 +137,7 @@ def test_fused_feed_replays_in_a_cuda_graph(target):
     """check=False makes no host sync, so a DeepEP decode step can be captured."""
     spec = spec_of(8)
     kernel = kernels(spec, target)["fused"]
-    weights = random_weights(spec, device=target.device, seed=17)
+    weights = weights_of(spec, target.device, 17)
     prepared = kernel.prepare_weights(weights)
     x, scale, masked_m = random_masked_inputs(8, spec.hidden_size, 16, MASKS["decode"], seed=18,
                                               device=target.device, fp8_dtype=kernel.fp8_dtype)
