@@ -55,10 +55,13 @@ def _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, 
 
     q is the prepared uint4b8 weight, int32 [N, K / 8] per expert (K contiguous, eight nibbles
     along K, lowest first); s is bf16 [K / GROUP_K, N] per expert."""
-    offs_k = k0 + tl.arange(0, GROUP_K)
-    packed = tl.load(q_ptr + q_base + offs_n[None, :].to(tl.int64) * (K // 8) + (offs_k[:, None] // 8),
-                     mask=live_n[None, :], other=0)
-    nibbles = (packed >> ((offs_k[:, None] % 8) * 4)) & 0xF
+    words = k0 // 8 + tl.arange(0, GROUP_K // 8)
+    packed = tl.load(q_ptr + q_base + offs_n[None, :].to(tl.int64) * (K // 8) + words[:, None],
+                     mask=live_n[None, :], other=0)  # [GROUP_K / 8, BLOCK_N], each word loaded once
+    shifts = tl.arange(0, 8) * 4
+    nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [GROUP_K / 8, 8, BLOCK_N]
+    # Row-major [word, nibble] -> k = 8 word + nibble: lowest nibble first, as GPTQ packs.
+    nibbles = tl.reshape(nibbles, (GROUP_K, nibbles.shape[2]))
     w = (nibbles - 8).to(tl.float32).to(DOT_DTYPE)  # [-8, 7]: exact in e4m3fn and e4m3fnuz
     scale = tl.load(s_ptr + s_base + (k0 // GROUP_K) * N + offs_n, mask=live_n, other=0.0)
     return acc + tl.dot(a, w) * scale.to(tl.float32)[None, :]
@@ -67,15 +70,17 @@ def _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, 
 @triton.jit
 def _activation(gate, up, swiglu_alpha, swiglu_limit, ACTIVATION: tl.constexpr):
     """hal.spec activations in fp32 (backends.reference.activation)."""
+    # One return after static branches: Triton resolves constexpr ifs at compile time.
     if ACTIVATION == 0:  # silu(gate) * up
-        return gate / (1.0 + tl.exp(-gate)) * up
+        act = gate / (1.0 + tl.exp(-gate)) * up
     elif ACTIVATION == 1:  # swiglu_oai
         g = tl.minimum(gate, swiglu_limit)
         u = tl.clamp(up, -swiglu_limit, swiglu_limit)
-        return g / (1.0 + tl.exp(-swiglu_alpha * g)) * (u + 1.0)
+        act = g / (1.0 + tl.exp(-swiglu_alpha * g)) * (u + 1.0)
     else:  # relu2
         r = tl.maximum(gate, 0.0)
-        return r * r
+        act = r * r
+    return act
 
 
 @triton.jit
