@@ -26,6 +26,10 @@ TILES = (
     (64, (64, 64, 4)),
     (None, (128, 64, 8)),
 )
+# rows: the M of one warpgroup MMA (wgmma, sm_90). Triton lowers an FP8 dot with a smaller M to f16
+# mma.sync on sm_90, so on GPUs with wgmma the tile never goes below it: the MMA stays FP8, and the
+# rows it computes beyond masked_m cost nothing next to the weight stream of a decode step.
+WGMMA_MIN_M = 64
 # software-pipeline depth of the K loop: the weight stream is what the loop waits on, so NVIDIA
 # keeps three groups in flight; AMD's Triton pipeliner is tuned for two stages.
 STAGES = {"nvidia": 3, "amd": 2}
@@ -46,12 +50,13 @@ class GemmTile:
                 f"{self.num_stages} stages")
 
 
-def gemm_tile(rows_per_expert: int, vendor: Optional[str]) -> GemmTile:
-    """The tile for experts expected to hold `rows_per_expert` rows."""
+def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False) -> GemmTile:
+    """The tile for experts expected to hold `rows_per_expert` rows on a GPU of `vendor` (None for
+    the interpreter), with warpgroup MMA or not."""
     stages = STAGES.get(vendor or "", STAGES["nvidia"])
     for bound, (block_m, block_n, warps) in TILES:
         if bound is None or rows_per_expert <= bound:
-            return GemmTile(block_m, block_n, warps, stages)
+            return GemmTile(max(block_m, WGMMA_MIN_M) if wgmma else block_m, block_n, warps, stages)
     raise AssertionError("TILES ends with an unbounded row")
 
 

@@ -58,8 +58,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return layer.prepare(self.spec, weights, self.device)
 
     def _launch(self, max_m: int, expected_rows: Optional[int]):
-        vendor = self.target.gpu.vendor if self.target.gpu is not None else None
-        tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), vendor)
+        gpu = self.target.gpu
+        tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), gpu and gpu.vendor,
+                                 bool(gpu and gpu.features.wgmma))
         return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):

@@ -41,7 +41,7 @@ def compile_all(target: str) -> list:
                  out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
     results = []
     for rows in (8, 200):  # the decode tile and the prefill tile
-        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia")
+        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90")
         common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K, DOT_DTYPE=dot)
         cases = [("gemm1", triton_kernels.w4a8_gemm1_kernel, gemm1,
                   dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),

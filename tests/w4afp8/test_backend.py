@@ -100,7 +100,8 @@ def test_plans_say_which_feed_runs_and_why():
     plan = kernel.plan(masked_m, expected_rows=2, max_m=128)
     text = plan.describe()
     assert plan.variant == "fused" and "default" in text and "in registers" in text
-    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (16, 1, 32, 112)
+    # sm_90: never below a warpgroup MMA's 64 rows, so the MMA stays FP8
+    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (64, 1, 32, 112)
     assert plan.mma_dtype == "float8_e4m3fn" and plan.rows == 8 and plan.live_experts == 5
     assert plan.programs == 1 * (32 + 112) * 8
     baseline = kernel.baselines()["requant"]
@@ -112,6 +113,9 @@ def test_plans_say_which_feed_runs_and_why():
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
     mi300x = backend.build(SPEC, profile_target("mi300x")).plan(masked_m, expected_rows=2)
     assert mi300x.mma_dtype == "float8_e4m3fnuz" and mi300x.tile.num_stages == 2
+    assert mi300x.tile.block_m == 16  # MFMA has FP8 at M = 16
+    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).plan(masked_m, expected_rows=2)
+    assert l40s.tile.block_m == 16  # sm_89: FP8 mma.sync at M = 16
 
 
 def test_bad_arguments_name_what_is_wrong():
