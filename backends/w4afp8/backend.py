@@ -4,33 +4,20 @@ Triton is a failed build with its reason, and selection builds the next backend.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 
-from hal.backend import RANK_REFERENCE, RANK_SPECIALIZED
+from hal.backend import RANK_SPECIALIZED
 from hal.spec import MoESpec
 from hal.verdict import Verdict
 
 NAME = "w4afp8"
 # NVIDIA compute capability of the first FP8 MMA (Ada, sm_89), which Triton's tl.dot lowers to.
 MIN_NVIDIA_FP8_MMA = (8, 9)
-# Under the Triton interpreter on CPU the kernels run (for tests, by prefer="w4afp8") but far too
-# slowly to be chosen, so they rank below the reference and never win a CPU selection by default.
-RANK_INTERPRETED = RANK_REFERENCE - 1
 
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.lru_cache(maxsize=1)
-def _triton_problems() -> tuple:
-    """Found without importing it: check() runs on every `hal probe`."""
-    if importlib.util.find_spec("triton") is None:
-        return ("Triton is not installed",)
-    return ()
 
 
 def spec_problems(spec) -> list:
@@ -88,17 +75,17 @@ def _notes(target) -> list:
 
 class W4AFp8Backend:
     name = NAME
-    # "moe" is the op every MoESpec has had; "moe_masked" is the masked layout's own op.
-    ops = ("moe", "moe_masked")
+    ops = ("moe_masked",)
 
     def check(self, spec, target) -> Verdict:
         reasons = spec_problems(spec) + target_problems(target)
-        if not reasons:
-            reasons = list(_triton_problems())
-        return Verdict.from_reasons(reasons, () if reasons else _notes(target))
+        # The interpreter runs the kernels correctly but far too slowly to be chosen: tests and
+        # `prefer="w4afp8"` name it.
+        return Verdict.from_reasons(reasons, () if reasons else _notes(target),
+                                    explicit_only=target.is_cpu)
 
     def rank(self, spec, target) -> int:
-        return RANK_INTERPRETED if target.is_cpu else RANK_SPECIALIZED
+        return RANK_SPECIALIZED
 
     def build(self, spec, target):
         from backends.w4afp8.kernel import W4AFp8MaskedKernel

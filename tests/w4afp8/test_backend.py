@@ -10,7 +10,7 @@ import hal
 from backends.reference import backend as reference
 from backends.requant import backend as requant
 from backends.w4afp8 import backend
-from hal.backend import RANK_REFERENCE, Target
+from hal.backend import Target
 from hal.caps import Caps, GpuCaps, GpuFeatures
 from hal.spec import MoESpec, RequantSpec
 
@@ -80,15 +80,15 @@ def test_collects_every_reason():
     assert "NVML does not report it" in backend.check(SPEC, Target("cuda:0", Caps(gpus=(no_warp,)))).summary()
 
 
-def test_cpu_needs_the_interpreter_and_then_ranks_below_reference(monkeypatch):
+def test_cpu_needs_the_interpreter_and_is_then_chosen_only_when_named(monkeypatch):
     cpu = Target("cpu", Caps())
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not backend.check(SPEC, cpu).ok
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         backend.build(SPEC, cpu)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.check(SPEC, cpu).ok
-    assert backend.rank(SPEC, cpu) < RANK_REFERENCE
+    verdict = backend.check(SPEC, cpu)
+    assert verdict.ok and verdict.explicit_only
 
 
 @pytest.mark.profiles
