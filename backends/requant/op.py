@@ -56,7 +56,7 @@ def fp8_per_token_to_per_tensor(x: torch.Tensor, x_scale: torch.Tensor, masked_m
 
     expected_rows  the host's rows-per-expert estimate, as the dispatcher reports it; sizes the
                    m-grid and the row cap. None keeps the historic m-grid of 32 and no cap.
-    geometry       "tuned", "legacy" (the seed's launch, the benchmark baseline) or an explicit
+    geometry       "tuned", "legacy" (the upstream launch, the benchmark baseline) or an explicit
                    RequantGeometry (tests sweep these; the bytes never depend on it).
     warp_size      overrides the warp size of hal's capabilities for this device.
     gpu            the GpuCaps to take warp size and FP8 encoding from; default hal.probe().
