@@ -88,3 +88,15 @@ def check_expert_map(expert_map, spec: MoESpec) -> None:
     if lo < -1 or hi >= spec.local_experts:
         raise ValueError(f"weights.expert_map holds values in [{lo}, {hi}]: expected -1 "
                          f"(not local) or a local id in [0, {spec.local_experts})")
+    check_expert_map_distinct(expert_map)
+
+
+def check_expert_map_distinct(expert_map) -> None:
+    """Each local expert serves one global id: two global ids on one local id would run one
+    expert's weights for two experts."""
+    local = expert_map[expert_map >= 0]
+    if local.numel() != torch.unique(local).numel():
+        counts = torch.bincount(local.long())
+        dup = int(torch.nonzero(counts > 1).flatten()[0])
+        raise ValueError(f"weights.expert_map maps {int(counts[dup])} global experts to local id {dup}: "
+                         "expected each local id at most once")

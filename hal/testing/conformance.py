@@ -94,7 +94,7 @@ def _check_tokens(case, x, tw, ti, check=True, what=""):
     b = harness.built(case)
     inputs = [t.clone() for t in (x, tw, ti)]
     out = _call_into_view(case, b, x, tw, ti, check)
-    for before, after in zip(inputs, (x, tw, ti)):
+    for before, after in zip(inputs, (x, tw, ti), strict=False):
         assert torch.equal(before, after), "the call modified one of its inputs"
     skip_values_if_interpreted(case)
     harness.assert_accurate(out, harness.token_oracle(case.spec, x, tw, ti, b.weights), what)
@@ -420,7 +420,8 @@ def test_requant_carry_into_next_binade(case):
 @conformance("requant")
 def test_requant_default_out(case):
     b = harness.built(case)
-    x, x_scale, masked_m, s_out = _requant_inputs(case, seed=43, counts=[REQUANT_MAX_M] * case.spec.num_experts)
+    full = [REQUANT_MAX_M] * case.spec.num_experts
+    x, x_scale, masked_m, s_out = _requant_inputs(case, seed=43, counts=full)
     out = b.kernel(x, x_scale, masked_m, s_out)
     assert tuple(out.shape) == tuple(x.shape) and out.dtype == b.kernel.fp8_dtype
     assert out.device == torch.device(case.device)

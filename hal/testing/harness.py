@@ -42,13 +42,20 @@ def weights_for(spec, device: str, seed: int = 0):
     return weights
 
 
+@functools.cache
+def discovered() -> tuple:
+    """The entry points, loaded once per process."""
+    from hal.registry import discover
+
+    return tuple(discover())
+
+
 def select(case):
     """The case's backend, forced with prefer= so selection itself is part of what is tested."""
     import hal
 
-    if case.op == "requant":
-        return hal.select_requant_kernel(case.spec, case.device, caps=case.caps, prefer=case.backend)
-    return hal.select_moe_kernel(case.spec, case.device, caps=case.caps, prefer=case.backend)
+    pick = hal.select_requant_kernel if case.op == "requant" else hal.select_moe_kernel
+    return pick(case.spec, case.device, caps=case.caps, prefer=case.backend, backends=discovered())
 
 
 @functools.cache

@@ -3,7 +3,8 @@ that makes it pass turns it into a failure until its entry here is removed with 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import attrs
 
