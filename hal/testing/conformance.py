@@ -94,7 +94,7 @@ def _check_tokens(case, x, tw, ti, check=True, what=""):
     b = harness.built(case)
     inputs = [t.clone() for t in (x, tw, ti)]
     out = _call_into_view(case, b, x, tw, ti, check)
-    for before, after in zip(inputs, (x, tw, ti), strict=False):
+    for before, after in zip(inputs, (x, tw, ti), strict=True):
         assert torch.equal(before, after), "the call modified one of its inputs"
     skip_values_if_interpreted(case)
     harness.assert_accurate(out, harness.token_oracle(case.spec, x, tw, ti, b.weights), what)

@@ -23,7 +23,7 @@ from hal.testing import harness
 from hal.testing.accuracy import ACCURACY, rel_err
 from hal.testing.cases import MASKED_SPECS, MOE_SPECS, REQUANT_SPECS, Case, caps_for, op_of, serves
 
-TOKEN_BASES = ("bf16-silu", "fp8-swiglu-bias-ep", "mxfp4-silu-ep")
+TOKEN_BASES = ("bf16-silu", "fp8-swiglu-bias-ep", "mxfp4-silu-ep", "int4-silu")  # int4: Marlin on GPUs
 
 
 def _names(message: str, arg: str) -> bool:
