@@ -26,7 +26,7 @@ from hal.testing.cases import MASKED_SPECS, MOE_SPECS, REQUANT_SPECS, Case, caps
 TOKEN_BASES = ("bf16-silu", "fp8-swiglu-bias-ep", "mxfp4-silu-ep", "int4-silu")  # int4: Marlin on GPUs
 
 
-def _names(message: str, arg: str) -> bool:
+def names_argument(message: str, arg: str) -> bool:
     """The message names `arg` as a word (so "x" is not found inside "x_scale" or "expected")."""
     return re.search(rf"(?<![\w]){re.escape(arg)}(?![\w])", message) is not None
 
@@ -291,6 +291,20 @@ def invalid_cases(rng: random.Random, pool: Pool):
         yield from rng.choice(families)(rng)
 
 
+def check_invalid(index: int, case: Invalid) -> str:
+    """'' when the case raised a ValueError naming its argument, else what went wrong."""
+    try:
+        case.call()
+    except ValueError as exc:
+        if names_argument(str(exc), case.arg):
+            return ""
+        return f"invalid {index}: {case.what}: ValueError does not name {case.arg!r}: {exc}"
+    except Exception as exc:  # anything else breaks the contract
+        return (f"invalid {index}: {case.what}: {type(exc).__name__} instead of ValueError naming "
+                f"{case.arg!r}: {exc}")
+    return f"invalid {index}: {case.what}: no error"
+
+
 def random_valid_spec(rng: random.Random) -> MoESpec:
     fmt = rng.choice(["bf16", "fp8_block128", "mxfp4", "int4_g128"])
     group = rng.choice([128, -1]) if fmt == "int4_g128" else 128
@@ -341,7 +355,7 @@ def main(argv=None) -> int:
     parser.add_argument("--valid", type=int, default=200)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    # Thousands of tiny calls: one thread each, so none waits on a shared machine's thread pool.
+    # Thousands of tiny calls: on one thread, since waking a thread pool costs more than each call.
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     pool = Pool(args.device, interpreted_ok=True)
@@ -352,15 +366,9 @@ def main(argv=None) -> int:
         case = next(cases)
         print(json.dumps({"case": i, "what": case.what}), flush=True)
         named[case.arg] = named.get(case.arg, 0) + 1
-        try:
-            case.call()
-            failures.append(f"invalid {i}: {case.what}: no error")
-        except ValueError as exc:
-            if not _names(str(exc), case.arg):
-                failures.append(f"invalid {i}: {case.what}: ValueError does not name {case.arg!r}: {exc}")
-        except Exception as exc:  # anything else breaks the contract
-            failures.append(f"invalid {i}: {case.what}: {type(exc).__name__} instead of ValueError "
-                            f"naming {case.arg!r}: {exc}")
+        error = check_invalid(i, case)
+        if error:
+            failures.append(error)
     harness.built.cache_clear()
     for i in range(args.valid):
         print(json.dumps({"case": args.invalid + i, "what": "valid"}), flush=True)

@@ -53,3 +53,32 @@ def test_fuzz_cuda_under_compute_sanitizer():
         pytest.skip("compute-sanitizer is not on PATH")
     _check(run_fuzz("cuda:0", prefix=(sanitizer, "--tool", "memcheck", "--error-exitcode", "86"),
                     timeout=3600.0))
+
+
+@pytest.mark.cpu
+def test_an_argument_is_named_as_a_word():
+    from hal.testing.fuzz import names_argument
+
+    assert names_argument("x has dtype torch.float32: expected torch.bfloat16", "x")
+    assert names_argument("weights.expert_map holds values in [-1, 9]", "expert_map")
+    assert not names_argument("x_scale has shape (2, 3, 1): expected (2, 3, 2)", "x")
+    assert not names_argument("expected (M, 128)", "x")
+    assert not names_argument("topk_ids must be contiguous", "topk_weights")
+
+
+@pytest.mark.cpu
+def test_the_fuzz_reports_a_missing_check():
+    """A mutation the product lets through, or rejects with the wrong error, is reported with its
+    case, so the fuzz can fail."""
+    from hal.testing.fuzz import Invalid, check_invalid
+
+    def raises(exc):
+        def call():
+            raise exc
+        return call
+
+    assert check_invalid(0, Invalid("named", "x", raises(ValueError("x has dtype float32")))) == ""
+    assert "no error" in check_invalid(1, Invalid("accepts anything", "x", lambda: None))
+    assert "TypeError instead of ValueError" in check_invalid(2, Invalid("t", "x", raises(TypeError("x"))))
+    assert "does not name 'topk_ids'" in check_invalid(
+        3, Invalid("names another argument", "topk_ids", raises(ValueError("topk_weights bad"))))
