@@ -8,6 +8,7 @@ eager forward, with one log line per layer and reason."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Optional
 
@@ -109,10 +110,15 @@ class LayerState:
         self.weights_key = key
 
 
+_unnamed = itertools.count()
+
+
 def layer_state(module, name: Optional[str] = None) -> LayerState:
+    """The module's state; `name` is its path in the model (prepare() and explain() pass it; a layer
+    first met in a forward is numbered in the order the forward reaches it)."""
     state = module.__dict__.get(STATE_ATTR)
     if state is None:
-        state = LayerState(name or f"{type(module).__name__}@{id(module):x}")
+        state = LayerState(name or f"{type(module).__name__} #{next(_unnamed)}")
         module.__dict__[STATE_ATTR] = state
     elif name is not None:
         state.name = name
