@@ -303,3 +303,39 @@ def test_weights_changed_in_place_are_prepared_again():
             for _, module in hal_tf.experts_modules(m):
                 module.down_proj.mul_(-0.5)
     assert_layers_match(model, reference)
+
+
+def test_expert_parallel_sentinels_add_nothing():
+    """transformers' expert parallelism marks off-rank routes with id == the local expert count; the
+    adapter turns them into -1 routes, which must equal eager's skipping of them."""
+    model = build(qwen3_moe())
+    model.set_experts_implementation(hal_tf.NAME)
+    _, module = hal_tf.experts_modules(model)[0]
+    module._is_expert_parallel = True
+    g = torch.Generator().manual_seed(4)
+    M, E, k = 11, module.num_experts, model.config.num_experts_per_tok
+    x = (torch.randn(M, module.hidden_dim, generator=g) * LAYER_INPUT_STD).to(torch.bfloat16)
+    ids = torch.randint(0, E, (M, k), generator=g)
+    ids[::2, 0] = E
+    ids[3] = E  # a token with no local route at all
+    weights = torch.rand(M, k, generator=g)
+    with torch.no_grad():
+        got = module(x, ids, weights)
+        want = eager_forward(module)(module, x, ids, weights)
+    assert layer_state(module).backend == "cpu_brgemm"
+    assert rel_err(got, want) <= ACCURACY
+    assert torch.count_nonzero(got[3]) == 0
+
+
+def test_reference_only_layer_runs_eager(monkeypatch, caplog):
+    """Where only the reference oracle accepts a layer, the eager forward runs instead and says why."""
+    monkeypatch.setenv("HAL_DISABLE_BACKENDS", "cpu_brgemm")
+    model = build(mixtral())
+    model.set_experts_implementation(hal_tf.NAME)
+    with caplog.at_level(logging.WARNING, logger="hal.integrations.transformers"):
+        report = hal_tf.prepare(model)
+        with torch.no_grad():
+            model(prompt(1, 3))
+    for layer in report.values():
+        assert layer.backend == "eager" and "only the reference backend" in layer.detail
+    assert sum("only the reference backend" in r.getMessage() for r in caplog.records) == len(report)
