@@ -44,9 +44,10 @@ NEW_TOKENS = 16
 TIE_MARGIN = 0.05
 # MoE routing is discontinuous: a rounding difference in one layer's output can flip a later
 # layer's route near a tie, and then logits differ by far more than 1e-2 for reasons that are no
-# kernel's fault. Unit embeddings with MoE outputs of DOWN_STD of them keep routes stable.
+# kernel's fault. Unit embeddings with MoE outputs a fraction of them keep routes stable, and keep
+# the rounding of eager's own bf16 intermediates (about 0.5% of the MoE output) well inside 1e-2.
 GATE_UP_STD = 2.0
-DOWN_STD = 0.3
+DOWN_STD = 0.15
 # Per-layer checks feed hidden states of this scale, so gate/up values reach past GPT-OSS's clamp (7).
 LAYER_INPUT_STD = 4.0
 # Hidden and expert sizes are multiples of 32, the panel width cpu_brgemm packs.
@@ -86,7 +87,7 @@ def registered():
 
 def _redraw(model, generator):
     """Unit-scale token embeddings; expert weights with gate/up outputs of standard deviation
-    GATE_UP_STD on unit inputs and MoE outputs about DOWN_STD of the residual stream, so the MoE
+    GATE_UP_STD on unit inputs and MoE outputs a fraction (set by DOWN_STD) of the residual, so the MoE
     changes every logit while a rounding difference in it cannot flip a later route; router weights
     with clear top-k margins. In place."""
     for _, module in hal_tf.experts_modules(model):
