@@ -92,14 +92,19 @@ class Report(dict):
         return "\n".join(str(r) for r in self.values())
 
 
+def _select_at_load(state, module) -> None:
+    """Select for the device the layer's weights are on and the activation dtype it will see."""
+    weight = getattr(module, "gate_up_proj", getattr(module, "up_proj", None))
+    device = weight.device if weight is not None else torch.device("cpu")
+    state.select(module, device, _act_dtype(module), _top_k(module))
+
+
 def prepare(model) -> Report:
     """Select every MoE layer's kernel and repack its weights now (load time) rather than on the
     first forward; returns explain(model)."""
     for name, module in experts_modules(model):
         state = layer_state(module, name)
-        weight = getattr(module, "gate_up_proj", getattr(module, "up_proj", None))
-        device = weight.device if weight is not None else torch.device("cpu")
-        state.select(module, device, _act_dtype(module), _top_k(module))
+        _select_at_load(state, module)
         state.prepare(module)
     return explain(model)
 
@@ -111,9 +116,7 @@ def explain(model) -> Report:
     for name, module in experts_modules(model):
         state = layer_state(module, name)
         if state.key is None:
-            weight = getattr(module, "gate_up_proj", getattr(module, "up_proj", None))
-            device = weight.device if weight is not None else torch.device("cpu")
-            state.select(module, device, _act_dtype(module), _top_k(module))
+            _select_at_load(state, module)
         implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
         detail = state.fallback if state.kernel is None else state.kernel.decision.explain()
         report[name] = LayerReport(name, implementation, state.backend, detail or "not selected")
