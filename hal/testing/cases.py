@@ -9,6 +9,7 @@ from typing import Optional
 
 import attrs
 
+from hal import ops
 from hal.backend import Target
 from hal.caps import Caps
 from hal.spec import MoESpec, RequantSpec
@@ -61,21 +62,13 @@ def isolated_spec(spec) -> bool:
 
 
 def op_of(spec) -> str:
-    """The op a spec asks for (DESIGN.md "Ops"): "moe", "moe_masked" or "requant"."""
-    if isinstance(spec, RequantSpec):
-        return "requant"
-    return "moe_masked" if spec.layout == "masked" else "moe"
+    """The name of the op a spec asks for: "moe", "moe_masked" or "requant"."""
+    return ops.op_of(spec).name
 
 
 def serves(backend, spec) -> bool:
-    """Whether the backend declares the op the registry files this spec under. Before the masked
-    layout had an op of its own the registry filed both layouts under "moe"."""
-    from hal import registry
-
-    op = op_of(spec)
-    if op in backend.ops:
-        return True
-    return op == "moe_masked" and registry.OPS.get(MoESpec) == "moe" and "moe" in backend.ops
+    """Whether the backend declares the op of this spec."""
+    return op_of(spec) in backend.ops
 
 
 def interpreted(device: str, notes) -> bool:
