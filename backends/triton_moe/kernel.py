@@ -1,0 +1,193 @@
+"""The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
+de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
+launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum. Scratch sizes depend
+on the token count and top_k only, and nothing reads device values on the host, so a call can be
+captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import attrs
+import torch
+import triton
+
+from backends.triton_moe import configs
+from backends.triton_moe.gemm import moe_gemm_kernel
+from backends.triton_moe.plan import TritonMoEPlan
+from backends.triton_moe.routing import align_routes_kernel, sum_routes_kernel
+from backends.triton_moe.support import interpreting
+from hal.caps import GpuCaps
+from hal.kernel import MoEKernel
+
+NAME = "triton_moe"
+LAUNCHES = 4
+SUM_BLOCK_H = 1024
+ALIGN_WARPS = 8
+# The align kernel holds [CHUNK, experts] one-hot tiles: about this many elements at a time.
+ALIGN_TILE_ELEMENTS = 8192
+WEIGHT_PATHS = {
+    "bf16": "bf16 weights straight to the tensor cores",
+    "fp8_block128": "e4m3 weights, 128x128 block scales applied per K step",
+    "mxfp4": "e2m1 + e8m0 dequantized in registers to the activation dtype (w4a16)",
+    "int4_g128": "uint4b8 dequantized in registers, group scales applied per K step (w4a16)",
+}
+
+
+@attrs.frozen
+class TritonMoEWeights:
+    w13: torch.Tensor
+    w2: torch.Tensor
+    s13: Optional[torch.Tensor]
+    s2: Optional[torch.Tensor]
+    b13: Optional[torch.Tensor]  # fp32 [E, w13 rows]
+    b2: Optional[torch.Tensor]  # fp32 [E, H]
+    expert_map: Optional[torch.Tensor]  # int32 [num_experts]
+    gate_stride: int  # w13 row of gate column n is n * gate_stride; up is that + up_offset
+    up_offset: int
+
+
+def _gpu_caps(target, device: torch.device) -> Optional[GpuCaps]:
+    """The target's GPU, with the two fields the config rule reads filled from the runtime where a
+    shallow probe left them out."""
+    gpu = target.gpu
+    if gpu is None or device.type != "cuda" or not torch.cuda.is_available():
+        return gpu
+    props = torch.cuda.get_device_properties(device)
+    found = {}
+    if gpu.sm_count is None:
+        found["sm_count"] = props.multi_processor_count
+    if gpu.smem_per_block_optin is None and hasattr(props, "shared_memory_per_block_optin"):
+        found["smem_per_block_optin"] = props.shared_memory_per_block_optin
+    return attrs.evolve(gpu, **found) if found else gpu
+
+
+def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+    """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
+    if t is None:
+        return None
+    order = torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)]).to(t.device)
+    return t.index_select(t.dim() - 1, order).contiguous()
+
+
+class TritonMoEKernel(MoEKernel):
+    backend = NAME
+
+    def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None):
+        """fp8_act overrides the config rule's w8a8/w8a16 choice for fp8 weights. dot_f32 feeds the
+        dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
+        there and off on a GPU."""
+        super().__init__(spec, target)
+        self.fp8_act = fp8_act
+        self.dot_f32 = interpreting() if dot_f32 is None else dot_f32
+        if fp8_act is not None:
+            self.variant = "w8a8" if fp8_act else "w8a16"
+        self._gpu = None
+        self._configs: dict = {}
+
+    def baselines(self) -> dict:
+        if self.variant != "default" or self.spec.weight_format != "fp8_block128":
+            return {}
+        return {"w8a16": TritonMoEKernel(self.spec, self.target, fp8_act=False),
+                "w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+
+    # --- config --------------------------------------------------------------------------------
+    def config(self, tokens: int) -> configs.LaunchConfig:
+        bucket = configs.token_bucket(tokens)
+        chosen = self._configs.get(bucket)
+        if chosen is None:
+            if self._gpu is None:
+                self._gpu = _gpu_caps(self.target, self.device)
+            chosen = configs.choose(self.spec, self._gpu, bucket)
+            if self.fp8_act is not None and self.spec.weight_format == "fp8_block128":
+                why = "w8a8" if self.fp8_act else "w8a16"
+                chosen = attrs.evolve(chosen, fp8_act=self.fp8_act,
+                                      reasons=chosen.reasons + (f"{why} forced by this variant",))
+            self._configs[bucket] = chosen
+        return chosen
+
+    def plan(self, topk_ids) -> TritonMoEPlan:
+        tokens = topk_ids if isinstance(topk_ids, int) else int(topk_ids.shape[0])
+        config = self.config(tokens)
+        _, blocks = configs.max_rows(tokens, self.spec, config.block_m)
+        path = WEIGHT_PATHS[self.spec.weight_format]
+        if self.spec.weight_format == "fp8_block128":
+            path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+        return TritonMoEPlan(tokens, config, blocks, LAUNCHES, path)
+
+    # --- weights -------------------------------------------------------------------------------
+    def _prepare(self, weights) -> TritonMoEWeights:
+        spec = self.spec
+        expert_map = weights.expert_map
+        if expert_map is not None:
+            if expert_map.dim() != 1 or expert_map.numel() != spec.num_experts:
+                raise ValueError(f"weights.expert_map has shape {tuple(expert_map.shape)}: expected "
+                                 f"({spec.num_experts},)")
+            lo, hi = int(expert_map.min()), int(expert_map.max())
+            if lo < -1 or hi >= spec.local_experts:
+                raise ValueError(f"weights.expert_map holds values in [{lo}, {hi}]: expected local ids "
+                                 f"in [0, {spec.local_experts}) or -1")
+            expert_map = expert_map.to(torch.int32).contiguous()
+        w13, s13, b13 = weights.w13, weights.w13_scale, weights.b13
+        gate_stride, up_offset = 1, spec.intermediate_size
+        if spec.activation == "swiglu_oai":
+            if spec.weight_format == "int4_g128":
+                w13 = _deinterleave_columns(w13, spec.w13_rows)
+                s13 = _deinterleave_columns(s13, spec.w13_rows)
+                b13 = _deinterleave_columns(b13, spec.w13_rows)
+            else:
+                gate_stride, up_offset = 2, 1
+        bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
+        keep = (lambda t: None if t is None else t.contiguous())
+        return TritonMoEWeights(keep(w13), keep(weights.w2), keep(s13), keep(weights.w2_scale), bias(b13),
+                                bias(weights.b2), expert_map, gate_stride, up_offset)
+
+    # --- per call ------------------------------------------------------------------------------
+    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights,
+              num_routes: int, n: int, k: int, n_total: int, gate_stride: int, up_offset: int,
+              block_m: int, gemm: configs.GemmConfig, fp8_act: bool):
+        spec = self.spec
+        fmt = spec.weight_format
+        group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
+        grid = (block_expert.shape[0], triton.cdiv(n, gemm.block_n))
+        moe_gemm_kernel[grid](
+            a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
+            topk_weights, num_routes, n, k, n_total, w.stride(0), 0 if s is None else s.stride(0),
+            math.ceil(k / 128), group, gate_stride, up_offset,
+            float(spec.swiglu_alpha), float(spec.swiglu_limit),
+            FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
+            ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
+            A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
+            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
+            num_warps=gemm.num_warps, num_stages=gemm.num_stages)
+
+    def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
+        spec = self.spec
+        M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
+        routes = M * spec.top_k
+        config = self.config(M)
+        bm = config.block_m
+        max_padded, max_blocks = configs.max_rows(M, spec, bm)
+        device = x.device
+        ids = topk_ids.contiguous()
+        weights = topk_weights.contiguous()
+        expert_map = data.expert_map
+        has_map = expert_map is not None
+        sorted_routes = torch.empty(max_padded, dtype=torch.int32, device=device)
+        block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
+        experts_pow2 = max(16, triton.next_power_of_2(spec.local_experts))
+        chunk = max(16, min(128, ALIGN_TILE_ELEMENTS // experts_pow2))
+        align_routes_kernel[(1,)](
+            ids, expert_map if has_map else ids, sorted_routes, block_expert, routes, spec.num_experts,
+            max_padded, max_blocks, LOCAL_EXPERTS=spec.local_experts, EXPERTS_POW2=experts_pow2,
+            BLOCK_M=bm, CHUNK=chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+        h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
+        self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, routes,
+                   I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act)
+        y = torch.empty(routes, H, dtype=x.dtype, device=device)
+        self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights, routes,
+                   H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
+        sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
+            y, ids, expert_map if has_map else ids, out, routes, spec.num_experts, H,
+            TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)

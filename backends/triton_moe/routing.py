@@ -1,0 +1,90 @@
+"""The two bookends of the fused MoE: routes sorted into expert blocks before the GEMMs, and the
+top-k sum after them. Both are one Triton launch each, read routing only from device memory and
+never sync with the host, so a whole layer can be captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
+                 LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr):
+    """The local expert of each route, or -1 for a dropped route (-1 id, an id outside
+    [0, num_experts), or an expert on another rank). Never reads outside topk_ids or expert_map."""
+    ids = tl.load(topk_ids_ptr + route, mask=route < num_routes, other=-1).to(tl.int32)
+    routed = (ids >= 0) & (ids < num_experts)
+    if HAS_MAP:
+        # The address is clamped as well as masked: a dropped id never forms a pointer outside.
+        expert = tl.load(expert_map_ptr + tl.where(routed, ids, 0), mask=routed, other=-1)
+    else:
+        expert = tl.where(routed, ids, -1)
+    return tl.where((expert >= 0) & (expert < LOCAL_EXPERTS), expert, -1)
+
+
+@triton.jit
+def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr,
+                        num_routes, num_experts, max_padded, max_blocks,
+                        LOCAL_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
+    """One program. Routes (token * top_k + slot) are grouped by local expert into runs padded to
+    BLOCK_M; sorted_routes holds the route of each padded row (num_routes for a pad row) and
+    block_expert the expert of each BLOCK_M block (-1 past the last used block). Within an expert,
+    routes keep their original order: the result is deterministic, with no atomics."""
+    bins = tl.arange(0, EXPERTS_POW2)
+    lanes = tl.arange(0, CHUNK)
+    # Pass 1: routes per expert.
+    counts = tl.zeros([EXPERTS_POW2], dtype=tl.int32)
+    for start in range(0, num_routes, CHUNK):
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, start + lanes, num_routes, num_experts,
+                              LOCAL_EXPERTS, HAS_MAP)
+        counts += tl.sum((expert[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, axis=0)  # inclusive: the first block after each expert's run
+    used_blocks = tl.sum(blocks, axis=0)
+    cursor = (block_end - blocks) * BLOCK_M  # the first padded row of each expert
+    # The owner of block b is the number of experts whose run ends at or before b.
+    for start in range(0, max_blocks, CHUNK):
+        block = start + lanes
+        owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(block < used_blocks, owner, -1),
+                 mask=block < max_blocks)
+    for start in range(0, max_padded, CHUNK):
+        row = start + lanes
+        tl.store(sorted_routes_ptr + row, tl.zeros([CHUNK], dtype=tl.int32) + num_routes,
+                 mask=row < max_padded)
+    # The pad fill above and the scatter below may touch the same rows from different threads.
+    tl.debug_barrier()
+    # Pass 2: each route's row = its expert's cursor + its rank among the chunk's routes to the
+    # same expert; the cursors then advance by the chunk's counts.
+    earlier = lanes[None, :] < lanes[:, None]
+    for start in range(0, num_routes, CHUNK):
+        route = start + lanes
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
+                              LOCAL_EXPERTS, HAS_MAP)
+        hit = expert[:, None] == bins[None, :]
+        base = tl.sum(tl.where(hit, cursor[None, :], 0), axis=1)
+        rank = tl.sum(((expert[:, None] == expert[None, :]) & earlier).to(tl.int32), axis=1)
+        tl.store(sorted_routes_ptr + base + rank, route, mask=expert >= 0)
+        cursor += tl.sum(hit.to(tl.int32), axis=0)
+
+
+@triton.jit
+def sum_routes_kernel(y_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, num_routes, num_experts, hidden,
+                      TOP_K: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
+    """out[m] = sum over the token's live routes of y[route] (already weighted), in fp32, in slot
+    order: deterministic. Dropped routes were never written in y and are never read."""
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < hidden
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        route = token * TOP_K + slot
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
+                              LOCAL_EXPERTS, HAS_MAP)
+        row = y_ptr + route.to(tl.int64) * hidden
+        live_cols = tl.where(expert >= 0, hidden, 0)
+        acc += tl.load(row + cols, mask=cols < live_cols, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
