@@ -75,7 +75,7 @@ class TritonMoEKernel(MoEKernel):
     backend = NAME
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None):
-        """fp8_act overrides the config rule's w8a8/w8a16 choice for fp8 weights. dot_f32 feeds the
+        """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU."""
         super().__init__(spec, target)
@@ -89,8 +89,7 @@ class TritonMoEKernel(MoEKernel):
     def baselines(self) -> dict:
         if self.variant != "default" or self.spec.weight_format != "fp8_block128":
             return {}
-        return {"w8a16": TritonMoEKernel(self.spec, self.target, fp8_act=False),
-                "w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+        return {"w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
 
     # --- config --------------------------------------------------------------------------------
     def config(self, tokens: int) -> configs.LaunchConfig:
@@ -99,11 +98,7 @@ class TritonMoEKernel(MoEKernel):
         if chosen is None:
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
-            chosen = configs.choose(self.spec, self._gpu, bucket)
-            if self.fp8_act is not None and self.spec.weight_format == "fp8_block128":
-                why = "w8a8" if self.fp8_act else "w8a16"
-                chosen = attrs.evolve(chosen, fp8_act=self.fp8_act,
-                                      reasons=chosen.reasons + (f"{why} forced by this variant",))
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act)
             self._configs[bucket] = chosen
         return chosen
 

@@ -80,11 +80,14 @@ def test_token_counts(fmt, M, oracle, weights_for):
     run_case(make_spec(fmt, bias=True), M, oracle, weights_for, seed=M)
 
 
-@pytest.mark.parametrize("fp8_act", [False, True])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("M", [3, 300])
-def test_fp8_w8a8_and_w8a16(fp8_act, M, oracle, weights_for):
-    spec = make_spec("fp8_block128", "swiglu_oai", bias=True)
-    run_case(spec, M, oracle, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), fp8_act=fp8_act))
+def test_fp8_w8a8(activation, M, oracle_w8a8, weights_for):
+    """w8a8 against the oracle that quantizes the activations the same way (its error against the
+    plain float64 oracle is ~4% on random data, above the contract: it is asked for explicitly)."""
+    spec = make_spec("fp8_block128", activation, bias=True, ep=True)
+    run_case(spec, M, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), fp8_act=True),
+             drop=0.1)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
