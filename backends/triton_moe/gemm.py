@@ -5,7 +5,7 @@ and applies the activation in registers, so only the [rows, I] activation reache
 reads those rows in sorted order, adds b2, multiplies by the route's top-k weight and writes one
 row per route for the top-k sum. Weights are dequantized in registers from their checkpoint
 format: fp8 block scales and int4 group scales apply to the fp32 partial product of each K step,
-mxfp4 e8m0 scales (32 along K) to the tile before the dot."""
+mxfp4 e8m0 scales (32 along K) to the exponents of the tile before the dot."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import triton.language as tl
 BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3
 # Activations.
 SILU, SWIGLU_OAI, RELU2 = 0, 1, 2
-FP8_E4M3_MAX = 448.0
+FP8_E4M3_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
@@ -33,33 +33,30 @@ def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_w
 
 
 @triton.jit
-def _mxfp4_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
-                       BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[BK, BN] fp32 tile of an mxfp4 weight: bytes [N, K/2] with the even k in the low nibble,
-    e8m0 scales [N, K/32]. Values are built from their bit patterns (exact)."""
+def _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                        BLOCK_K: tl.constexpr):
+    """The even-k and odd-k [BK/2, BN] fp32 tiles of an mxfp4 weight (bytes [N, K/2], the even k in
+    the low nibble; e8m0 scales [N, K/32]), built as fp32 bit patterns with the e8m0 exponent added
+    to the e2m1 one: exact, a few integer operations per value, no shuffles."""
     half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     mask = (half[:, None] < K // 2) & row_ok[None, :]
-    packed = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * (K // 2) + half[:, None],
-                     mask=mask, other=0).to(tl.int32)
-    values = tl.join(_e2m1_bits(packed & 0xF), _e2m1_bits(packed >> 4))  # [BK/2, BN, 2]
-    values = tl.reshape(tl.permute(values, (0, 2, 1)), (BLOCK_K // 32, 32, BLOCK_N))
-    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    smask = (group[:, None] < K // 32) & row_ok[None, :]
-    e8m0 = tl.load(s_ptr + expert * stride_se + rows[None, :].to(tl.int64) * (K // 32) + group[:, None],
-                   mask=smask, other=0).to(tl.int32)
-    scale = (e8m0 << 23).to(tl.float32, bitcast=True)  # 2^(e - 127)
-    return tl.reshape(values * scale[:, None, :], (BLOCK_K, BLOCK_N))
+    base = expert * stride_we + rows[None, :].to(tl.int64) * (K // 2)
+    packed = tl.load(w_ptr + base + half[:, None], mask=mask, other=0).to(tl.int32)
+    scale_base = expert * stride_se + rows[None, :].to(tl.int64) * (K // 32)
+    e8m0 = tl.load(s_ptr + scale_base + (half // 16)[:, None], mask=mask, other=0).to(tl.int32)
+    return _e2m1_scaled(packed & 0xF, e8m0), _e2m1_scaled(packed >> 4, e8m0)
 
 
 @triton.jit
-def _e2m1_bits(nibble):
-    """OCP e2m1 (sign, 2-bit exponent, 1-bit mantissa) -> fp32, through the fp32 bit pattern."""
-    exponent = (nibble >> 1) & 3
-    mantissa = nibble & 1
-    normal = ((exponent + 126) << 23) | (mantissa << 22)
-    subnormal = mantissa * 0x3F000000  # 0.5
-    bits = tl.where(exponent > 0, normal, subnormal) | ((nibble >> 3) << 31)
-    return bits.to(tl.float32, bitcast=True)
+def _e2m1_scaled(nibble, e8m0):
+    """fp4 e2m1 (sign, 2-bit exponent e, 1-bit mantissa m) times 2^(e8m0 - 127) as fp32: the
+    biased fp32 exponent is e + e8m0 - 1 (e = 0 with m = 1 is 0.5: the same formula, mantissa 0).
+    Results below fp32's normal range flush to zero."""
+    magnitude = nibble & 7
+    exponent = (magnitude >> 1) + e8m0 - 1
+    mantissa = tl.where(magnitude >= 2, magnitude & 1, 0)
+    bits = tl.where((magnitude == 0) | (exponent <= 0), 0, (exponent << 23) | (mantissa << 22))
+    return (bits | ((nibble & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -101,9 +98,11 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
         else:
             acc += part * s[None, :]
     elif FORMAT == 2:
-        w = _mxfp4_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
-                               BLOCK_K, BLOCK_N)
-        acc = tl.dot(a, w.to(a.dtype), acc)
+        w_even, w_odd = _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                            BLOCK_K)
+        a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+        acc = tl.dot(a_even, w_even.to(a.dtype), acc)
+        acc = tl.dot(a_odd, w_odd.to(a.dtype), acc)
     else:
         w, s = _int4_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
                                  group_size, BLOCK_K, BLOCK_N)

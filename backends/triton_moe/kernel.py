@@ -25,7 +25,8 @@ NAME = "triton_moe"
 LAUNCHES = 4
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
-# The align kernel holds [CHUNK, experts] one-hot tiles: about this many elements at a time.
+ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
+# The align kernel's block-owner step holds [blocks, bins] tiles: about this many elements.
 ALIGN_TILE_ELEMENTS = 8192
 WEIGHT_PATHS = {
     "bf16": "bf16 weights straight to the tensor cores",
@@ -171,12 +172,13 @@ class TritonMoEKernel(MoEKernel):
         has_map = expert_map is not None
         sorted_routes = torch.empty(max_padded, dtype=torch.int32, device=device)
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
-        experts_pow2 = max(16, triton.next_power_of_2(spec.local_experts))
-        chunk = max(16, min(128, ALIGN_TILE_ELEMENTS // experts_pow2))
+        bins = triton.next_power_of_2(spec.local_experts + 1)
+        cursor = torch.empty(bins, dtype=torch.int32, device=device)
         align_routes_kernel[(1,)](
-            ids, expert_map if has_map else ids, sorted_routes, block_expert, routes, spec.num_experts,
-            max_padded, max_blocks, LOCAL_EXPERTS=spec.local_experts, EXPERTS_POW2=experts_pow2,
-            BLOCK_M=bm, CHUNK=chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+            ids, expert_map if has_map else ids, sorted_routes, block_expert, cursor, routes,
+            spec.num_experts, max_padded, max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins,
+            BLOCK_M=bm, CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=max(16, ALIGN_TILE_ELEMENTS // bins),
+            HAS_MAP=has_map, num_warps=ALIGN_WARPS)
         h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
         self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, routes,
                    I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act)

@@ -1,4 +1,4 @@
-"""The two bookends of the fused MoE: routes sorted into expert blocks before the GEMMs, and the
+"""The two bookends of the fused MoE: routes grouped into expert blocks before the GEMMs, and the
 top-k sum after them. Both are one Triton launch each, read routing only from device memory and
 never sync with the host, so a whole layer can be captured in a CUDA graph."""
 
@@ -24,29 +24,32 @@ def local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
 
 
 @triton.jit
-def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr,
+def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr, cursor_ptr,
                         num_routes, num_experts, max_padded, max_blocks,
-                        LOCAL_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
-                        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
+                        LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
     """One program. Routes (token * top_k + slot) are grouped by local expert into runs padded to
     BLOCK_M; sorted_routes holds the route of each padded row (num_routes for a pad row) and
-    block_expert the expert of each BLOCK_M block (-1 past the last used block). Within an expert,
-    routes keep their original order: the result is deterministic, with no atomics."""
-    bins = tl.arange(0, EXPERTS_POW2)
+    block_expert the expert of each BLOCK_M block (-1 past the last used block). BINS > the local
+    experts: the last bins count dropped routes. The order of routes within an expert's run is
+    whatever the atomics give; each row's result depends on its own route only, so the output
+    does not."""
+    bins = tl.arange(0, BINS)
     lanes = tl.arange(0, CHUNK)
     # Pass 1: routes per expert.
-    counts = tl.zeros([EXPERTS_POW2], dtype=tl.int32)
+    counts = tl.zeros([BINS], dtype=tl.int32)
     for start in range(0, num_routes, CHUNK):
         expert = local_expert(topk_ids_ptr, expert_map_ptr, start + lanes, num_routes, num_experts,
                               LOCAL_EXPERTS, HAS_MAP)
-        counts += tl.sum((expert[:, None] == bins[None, :]).to(tl.int32), axis=0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+        counts += tl.histogram(tl.where(expert >= 0, expert, LOCAL_EXPERTS), BINS)
+    blocks = tl.where(bins < LOCAL_EXPERTS, (counts + BLOCK_M - 1) // BLOCK_M, 0)
     block_end = tl.cumsum(blocks, axis=0)  # inclusive: the first block after each expert's run
     used_blocks = tl.sum(blocks, axis=0)
-    cursor = (block_end - blocks) * BLOCK_M  # the first padded row of each expert
+    tl.store(cursor_ptr + bins, (block_end - blocks) * BLOCK_M)  # each expert's first padded row
     # The owner of block b is the number of experts whose run ends at or before b.
-    for start in range(0, max_blocks, CHUNK):
-        block = start + lanes
+    block_lanes = tl.arange(0, BLOCK_CHUNK)
+    for start in range(0, max_blocks, BLOCK_CHUNK):
+        block = start + block_lanes
         owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
         tl.store(block_expert_ptr + block, tl.where(block < used_blocks, owner, -1),
                  mask=block < max_blocks)
@@ -54,20 +57,16 @@ def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_e
         row = start + lanes
         tl.store(sorted_routes_ptr + row, tl.zeros([CHUNK], dtype=tl.int32) + num_routes,
                  mask=row < max_padded)
-    # The pad fill above and the scatter below may touch the same rows from different threads.
+    # The cursors and pad rows above are read and overwritten below by other threads.
     tl.debug_barrier()
-    # Pass 2: each route's row = its expert's cursor + its rank among the chunk's routes to the
-    # same expert; the cursors then advance by the chunk's counts.
-    earlier = lanes[None, :] < lanes[:, None]
+    # Pass 2: each route takes the next row of its expert's run.
     for start in range(0, num_routes, CHUNK):
         route = start + lanes
         expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
                               LOCAL_EXPERTS, HAS_MAP)
-        hit = expert[:, None] == bins[None, :]
-        base = tl.sum(tl.where(hit, cursor[None, :], 0), axis=1)
-        rank = tl.sum(((expert[:, None] == expert[None, :]) & earlier).to(tl.int32), axis=1)
-        tl.store(sorted_routes_ptr + base + rank, route, mask=expert >= 0)
-        cursor += tl.sum(hit.to(tl.int32), axis=0)
+        live = expert >= 0
+        row = tl.atomic_add(cursor_ptr + tl.where(live, expert, 0), 1, mask=live)
+        tl.store(sorted_routes_ptr + row, route, mask=live)
 
 
 @triton.jit
