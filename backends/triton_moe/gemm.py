@@ -131,8 +131,13 @@ def moe_gemm_kernel(
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
     out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # N tiles vary fastest: programs running together share one block's activation rows and walk
+    # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
+    # prefill and would otherwise be read once per N tile).
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return

@@ -146,7 +146,7 @@ class TritonMoEKernel(MoEKernel):
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
-        grid = (block_expert.shape[0], triton.cdiv(n, gemm.block_n))
+        grid = (block_expert.shape[0] * triton.cdiv(n, gemm.block_n),)
         moe_gemm_kernel[grid](
             a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
             topk_weights, num_routes, n, k, n_total, w.stride(0), 0 if s is None else s.stride(0),
@@ -159,6 +159,12 @@ class TritonMoEKernel(MoEKernel):
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
+        for _, launch in self.launches(x, topk_weights, topk_ids, data, out):
+            launch()
+
+    def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> list:
+        """[(stage name, launch)]: the call's four dependent launches over scratch allocated here,
+        in order. `_run` runs them; a benchmark may time them one by one."""
         spec = self.spec
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
@@ -170,21 +176,32 @@ class TritonMoEKernel(MoEKernel):
         weights = topk_weights.contiguous()
         expert_map = data.expert_map
         has_map = expert_map is not None
+        id_map = expert_map if has_map else ids  # any tensor where there is no map
         sorted_routes = torch.empty(max_padded, dtype=torch.int32, device=device)
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
         bins = triton.next_power_of_2(spec.local_experts + 1)
         cursor = torch.empty(bins, dtype=torch.int32, device=device)
-        align_routes_kernel[(1,)](
-            ids, expert_map if has_map else ids, sorted_routes, block_expert, cursor, routes,
-            spec.num_experts, max_padded, max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins,
-            BLOCK_M=bm, CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=max(16, ALIGN_TILE_ELEMENTS // bins),
-            HAS_MAP=has_map, num_warps=ALIGN_WARPS)
         h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
-        self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, routes,
-                   I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
-        self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights, routes,
-                   H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
-        sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
-            y, ids, expert_map if has_map else ids, out, routes, spec.num_experts, H,
-            TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)
+
+        def align():
+            align_routes_kernel[(1,)](
+                ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
+                max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
+                BLOCK_CHUNK=max(16, ALIGN_TILE_ELEMENTS // bins), HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+
+        def gemm1():
+            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights,
+                       routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1,
+                       config.fp8_act)
+
+        def gemm2():
+            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights,
+                       routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
+
+        def top_k_sum():
+            sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
+                y, ids, id_map, out, routes, spec.num_experts, H, TOP_K=spec.top_k,
+                LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)
+
+        return [("align", align), ("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)]
