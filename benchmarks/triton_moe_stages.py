@@ -54,7 +54,7 @@ def _median_us(calls) -> float:
 
 def stage_times(kernel, prepared, sets) -> dict:
     outs = [torch.empty_like(x) for x, _, _ in sets]
-    per_set = [kernel.launches(x, tw, ti, prepared.data, o)
+    per_set = [kernel.launches(x, tw, ti, prepared.data, o).stages
                for (x, tw, ti), o in zip(sets, outs, strict=True)]
     for launches in per_set:  # fill the scratch every stage reads
         for _, launch in launches:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     target = Target("cuda:0", hal.probe(deep=True))
     print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| point | config | align | gemm1 | gemm2 | top_k_sum | call (us) |")
+    print("| point | config | grouping | gemm1 | gemm2 | top_k_sum | call (us) |")
     print("|---|---|---|---|---|---|---|")
     for point in args.points.split(","):
         spec, tokens, fp8_act = parse_point(point)
@@ -101,7 +101,8 @@ def main(argv=None) -> int:
             except Exception as exc:  # a candidate that does not compile or fit is reported, not fatal
                 print(f"| {point} | {label} | failed: {type(exc).__name__}: {str(exc)[:80]} |||||")
                 continue
-            print(f"| {point} | {label} | {t['align']:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | "
+            grouping = t.get("align", t.get("count_routes", 0.0) + t.get("scatter_routes", 0.0))
+            print(f"| {point} | {label} | {grouping:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | "
                   f"{t['top_k_sum']:.1f} | {t['call']:.1f} |", flush=True)
         kernel._configs.clear()
         del prepared, weights, sets

@@ -4,10 +4,12 @@ no Triton), so it is tested on recorded profiles anywhere.
 
 - BLOCK_M follows the expected routes per local expert (the M of each expert's GEMM), from 16
   (the smallest tensor-core tile) to 128 where the GPU has the shared memory for it.
-- Decode is a weight stream: BLOCK_N shrinks until there are about two programs per SM to keep
-  enough loads in flight; BLOCK_K is 128 (one fp8 block / int4 group / four mxfp4 groups per step).
-- Prefill is compute-bound: 128-wide N tiles (gate and up 64 each when fused), BLOCK_K 64 for
-  16-bit weights and 128 for 8-bit ones.
+- Decode is a weight stream: BLOCK_N (64 at most: on the H200, gpt-oss-120b mxfp4 at 64 tokens ran
+  2.4x slower with 128) shrinks until there are about two programs per SM to keep enough loads in
+  flight; BLOCK_K is 128 (one fp8 block / int4 group / four mxfp4 groups per step).
+- Prefill is compute-bound: 128-wide N tiles (for gate and up each when fused), BLOCK_K 64 for
+  16-bit weights and fp8 converted to 16 bits, 128 for 4-bit weights and fp8 activations. On the
+  H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 9%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
@@ -29,7 +31,10 @@ MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
-FP8_MMA_CAPABILITY = (8, 9)  # Ada and Hopper have e4m3 tensor cores; Ampere does not
+FP8_MMA_CAPABILITY = (8, 9)
+# 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
+# measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
+MAX_STAGES_BLOCK_M_128 = 3  # Ada and Hopper have e4m3 tensor cores; Ampere does not
 
 
 def token_bucket(tokens: int) -> int:
@@ -76,10 +81,14 @@ def choose_block_m(routes_per_expert: float, smem: int) -> int:
     return block_m
 
 
+def _stage_bytes(block_m: int, block_n: int, block_k: int, tiles_n: int, a_bits: int,
+                 w_bits: float) -> float:
+    return block_m * block_k * a_bits / 8 + tiles_n * block_n * block_k * w_bits / 8
+
+
 def _stages(block_m: int, block_n: int, block_k: int, tiles_n: int, a_bits: int, w_bits: float,
             smem: int, amd: bool) -> int:
-    stage = block_m * block_k * a_bits / 8 + tiles_n * block_n * block_k * w_bits / 8
-    fit = int(smem // max(stage, 1))
+    fit = int(smem // max(_stage_bytes(block_m, block_n, block_k, tiles_n, a_bits, w_bits), 1))
     return max(2, min(2 if amd else 4, fit))
 
 
@@ -88,16 +97,28 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     w_bits = _weight_bits(fmt)
     if decode:
         block_k = 128
-        block_n = 128
+        block_n = 64
         while block_n > 32 and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
             block_n //= 2
         warps = 4
     else:
-        block_n = 64 if tiles_n == 2 else 128
+        block_n = 128
         # fp8 activations are quantized per 128 columns, one K step each.
         block_k = 128 if fp8_act or fmt in ("int4_g128", "mxfp4") else 64
         warps = 8 if block_m >= 128 else 4
+    # Two stages must fit: narrower N, then shorter K steps (whole fp8 blocks, int4 groups and
+    # pairs of mxfp4 groups stay whole), on GPUs with little shared memory (64 KiB on AMD).
+    min_k = 64 if fmt == "mxfp4" else 32
+    while _stage_bytes(block_m, block_n, block_k, tiles_n, a_bits, w_bits) * 2 > smem:
+        if block_n > 32:
+            block_n //= 2
+        elif block_k > min_k:
+            block_k //= 2
+        else:
+            break
     stages = _stages(block_m, block_n, block_k, tiles_n, a_bits, w_bits, smem, amd)
+    if block_m >= 128:
+        stages = min(stages, MAX_STAGES_BLOCK_M_128)
     return GemmConfig(block_n, block_k, warps, stages)
 
 
@@ -137,7 +158,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConf
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
     else:
-        reasons.append("prefill: 128-wide N tiles per program (gate and up 64 each when fused)")
+        reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
     return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))

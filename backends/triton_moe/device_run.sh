@@ -22,7 +22,9 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/
 timeout "$TEST_S" python3 -m pytest -q -p no:cacheprovider -m cuda tests/triton_moe 2>&1 | tee "$OUT/tests.txt"
 tests=$?
 
-timeout "$STAGES_S" python3 benchmarks/triton_moe_stages.py --sweep 2>&1 | tee "$OUT/stages.md"
+timeout "$STAGES_S" bash -c "python3 benchmarks/triton_moe_stages.py
+    python3 benchmarks/triton_moe_stages.py --sweep --points gpt-oss-120b:mxfp4:1,gpt-oss-120b:mxfp4:64" \
+    2>&1 | tee "$OUT/stages.md"
 
 bench() {
     python3 -m hal.cli.main bench moe --device cuda --backend triton_moe --iters 5 --markdown "$@" \

@@ -4,8 +4,9 @@ GEMM 1 gathers token rows of x, multiplies by the expert's gate and up tiles in 
 and applies the activation in registers, so only the [rows, I] activation reaches memory. GEMM 2
 reads those rows in sorted order, adds b2, multiplies by the route's top-k weight and writes one
 row per route for the top-k sum. Weights are dequantized in registers from their checkpoint
-format: fp8 block scales and int4 group scales apply to the fp32 partial product of each K step,
-mxfp4 e8m0 scales (32 along K) to the exponents of the tile before the dot."""
+format: fp8 block scales and int4 group scales multiply the weight tile of each K step (w8a8
+multiplies the fp32 partial product by both scales instead), mxfp4 e8m0 scales go to the
+exponents of the tile or to Triton's dot_scaled."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_w
     s = tl.load(s_ptr + expert * stride_se + (rows // 128) * scale_cols + k0 // 128, mask=row_ok,
                 other=0.0)
     return w, s
+
+
+@triton.jit
+def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                       BLOCK_K: tl.constexpr):
+    """The packed [BK/2, BN] e2m1 bytes and [BN, BK/32] e8m0 scales of one K step, as dot_scaled
+    takes them (bytes packed along K, the even k in the low nibble: the checkpoint's own order)."""
+    half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = (half[:, None] < K // 2) & row_ok[None, :]
+    packed = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * (K // 2) + half[:, None],
+                     mask=mask, other=0)
+    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    smask = row_ok[:, None] & (group[None, :] < K // 32)
+    e8m0 = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + group[None, :],
+                   mask=smask, other=0)
+    return packed, e8m0
 
 
 @triton.jit
@@ -78,9 +95,12 @@ def _int4_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, K, N_TOTAL, stride
 @triton.jit
 def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, N_TOTAL, stride_we,
               stride_se, scale_cols, group_size, FORMAT: tl.constexpr, A_FP8: tl.constexpr,
-              DOT_F32: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+              DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
-    in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8)."""
+    in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
+    through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
+    scales in its own layouts) or through the fp32 bit patterns below."""
     if FORMAT == 0:
         w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None],
                     mask=(offs_k[:, None] < K) & row_ok[None, :], other=0.0)
@@ -88,15 +108,18 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
     elif FORMAT == 1:
         w, s = _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
                                 scale_cols)
-        if DOT_F32:
-            w = w.to(tl.float32)
-        elif not A_FP8:
-            w = w.to(a.dtype)
-        part = tl.dot(a, w)
         if A_FP8:
-            acc += part * a_scale[:, None] * s[None, :]
+            if DOT_F32:
+                w = w.to(tl.float32)
+            acc += tl.dot(a, w) * a_scale[:, None] * s[None, :]
         else:
-            acc += part * s[None, :]
+            # Scaled before the dot, so the dots chain on one accumulator (asynchronous wgmma
+            # stays in flight); the scaled weight is rounded to the activation dtype once.
+            acc = tl.dot(a, (w.to(tl.float32) * s[None, :]).to(a.dtype), acc)
+    elif FORMAT == 2 and MXFP4_DOT_SCALED:
+        packed, e8m0 = _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                          BLOCK_K)
+        acc = tl.dot_scaled(a, None, A_FORMAT, packed, e8m0, "e2m1", acc)
     elif FORMAT == 2:
         w_even, w_odd = _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                                             BLOCK_K)
@@ -106,7 +129,7 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
     else:
         w, s = _int4_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
                                  group_size, BLOCK_K, BLOCK_N)
-        acc += tl.dot(a, w.to(a.dtype)) * s[None, :]
+        acc = tl.dot(a, (w.to(tl.float32) * s[None, :]).to(a.dtype), acc)
     return acc
 
 
@@ -125,8 +148,8 @@ def moe_gemm_kernel(
     num_routes, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride, up_offset,
     swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
+    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
@@ -166,12 +189,12 @@ def moe_gemm_kernel(
         if DOT_F32:
             a = a.to(tl.float32)
         acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
-                        stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32, BLOCK_K,
-                        BLOCK_N)
+                        stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
+                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
         if GATED:
             acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
                                N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
-                               DOT_F32, BLOCK_K, BLOCK_N)
+                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
         if GATED:

@@ -1,6 +1,7 @@
 """The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
 de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
-launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum. Scratch sizes depend
+launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
+ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two). Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
@@ -16,16 +17,28 @@ import triton
 from backends.triton_moe import configs
 from backends.triton_moe.gemm import moe_gemm_kernel
 from backends.triton_moe.plan import TritonMoEPlan
-from backends.triton_moe.routing import align_routes_kernel, sum_routes_kernel
+from backends.triton_moe.routing import (
+    align_routes_kernel,
+    count_routes_kernel,
+    scatter_routes_kernel,
+    sum_routes_kernel,
+)
 from backends.triton_moe.support import interpreting
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 
 NAME = "triton_moe"
-LAUNCHES = 4
+LAUNCHES = 4  # at decode; prefill groups routes in two launches
+MXFP4_PATHS = ("dot_scaled", "bits")
+DEFAULT_MXFP4_PATH = "dot_scaled"
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
 ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
+# Up to this many routes one program groups them (one launch); beyond, count_routes and
+# scatter_routes share the work over up to ALIGN_MAX_PROGRAMS programs (two launches): one program
+# took 143 us for the 32768 routes of qwen3-30b-a3b at 4096 tokens on the H200.
+ALIGN_ONE_PROGRAM_ROUTES = 2048
+ALIGN_MAX_PROGRAMS = 32
 # The align kernel's block-owner step holds [blocks, bins] tiles: about this many elements.
 ALIGN_TILE_ELEMENTS = 8192
 WEIGHT_PATHS = {
@@ -49,6 +62,12 @@ class TritonMoEWeights:
     up_offset: int
 
 
+@attrs.frozen
+class Launches:
+    stages: list  # [(name, launch)] in order
+    scratch: dict  # name -> tensor: sorted_routes, block_expert, h (GEMM 1 out), y (GEMM 2 out)
+
+
 def _gpu_caps(target, device: torch.device) -> Optional[GpuCaps]:
     """The target's GPU, with the two fields the config rule reads filled from the runtime where a
     shallow probe left them out."""
@@ -64,6 +83,15 @@ def _gpu_caps(target, device: torch.device) -> Optional[GpuCaps]:
     return attrs.evolve(gpu, **found) if found else gpu
 
 
+def align_programs(routes: int) -> tuple:
+    """(programs, routes per program) of the route grouping: one program up to
+    ALIGN_ONE_PROGRAM_ROUTES, else chunks of at least ALIGN_CHUNK over at most ALIGN_MAX_PROGRAMS."""
+    if routes <= ALIGN_ONE_PROGRAM_ROUTES:
+        return 1, ALIGN_CHUNK
+    chunk = max(ALIGN_CHUNK, triton.next_power_of_2(triton.cdiv(routes, ALIGN_MAX_PROGRAMS)))
+    return triton.cdiv(routes, chunk), chunk
+
+
 def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
     if t is None:
@@ -75,22 +103,36 @@ def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torc
 class TritonMoEKernel(MoEKernel):
     backend = NAME
 
-    def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None):
+    def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
+                 mxfp4_path: Optional[str] = None):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
-        there and off on a GPU."""
+        there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
+        (values built from bit patterns and two plain dots; the only one with fp32 dots)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = interpreting() if dot_f32 is None else dot_f32
+        if mxfp4_path not in (None, *MXFP4_PATHS):
+            raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
+                             + ", ".join(MXFP4_PATHS))
+        self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
+        elif mxfp4_path is not None:
+            self.variant = mxfp4_path
         self._gpu = None
         self._configs: dict = {}
 
     def baselines(self) -> dict:
-        if self.variant != "default" or self.spec.weight_format != "fp8_block128":
+        """The other numerics or code path of the same layer, timed beside it by `hal bench`."""
+        if self.variant != "default":
             return {}
-        return {"w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+        if self.spec.weight_format == "fp8_block128":
+            return {"w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+        if self.spec.weight_format == "mxfp4" and not self.dot_f32:
+            other = "bits" if self.mxfp4_path == "dot_scaled" else "dot_scaled"
+            return {other: TritonMoEKernel(self.spec, self.target, mxfp4_path=other)}
+        return {}
 
     # --- config --------------------------------------------------------------------------------
     def config(self, tokens: int) -> configs.LaunchConfig:
@@ -110,7 +152,8 @@ class TritonMoEKernel(MoEKernel):
         path = WEIGHT_PATHS[self.spec.weight_format]
         if self.spec.weight_format == "fp8_block128":
             path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
-        return TritonMoEPlan(tokens, config, blocks, LAUNCHES, path)
+        programs, _ = align_programs(tokens * self.spec.top_k)
+        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
 
     # --- weights -------------------------------------------------------------------------------
     def _prepare(self, weights) -> TritonMoEWeights:
@@ -155,16 +198,18 @@ class TritonMoEKernel(MoEKernel):
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
             A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
+            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
+            A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
-        for _, launch in self.launches(x, topk_weights, topk_ids, data, out):
+        for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
             launch()
 
-    def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> list:
-        """[(stage name, launch)]: the call's four dependent launches over scratch allocated here,
-        in order. `_run` runs them; a benchmark may time them one by one."""
+    def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> Launches:
+        """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
+        a benchmark may time them one by one, a test read the scratch between them."""
         spec = self.spec
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
@@ -184,11 +229,30 @@ class TritonMoEKernel(MoEKernel):
         h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
 
+        block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
+
         def align():
             align_routes_kernel[(1,)](
                 ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
                 max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
-                BLOCK_CHUNK=max(16, ALIGN_TILE_ELEMENTS // bins), HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+
+        programs, chunk = align_programs(routes)
+        counts = torch.empty(programs, bins, dtype=torch.int32, device=device)
+        cursors = torch.empty(programs, bins, dtype=torch.int32, device=device)
+
+        def count_routes():
+            count_routes_kernel[(programs,)](
+                ids, id_map, counts, sorted_routes, routes, spec.num_experts, max_padded,
+                LOCAL_EXPERTS=spec.local_experts, BINS=bins, CHUNK=chunk, HAS_MAP=has_map,
+                num_warps=ALIGN_WARPS)
+
+        def scatter_routes():
+            scatter_routes_kernel[(programs,)](
+                ids, id_map, counts, cursors, sorted_routes, block_expert, routes, spec.num_experts,
+                max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=chunk,
+                PROGRAMS_POW2=triton.next_power_of_2(programs), BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
+                num_warps=ALIGN_WARPS)
 
         def gemm1():
             self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights,
@@ -204,4 +268,7 @@ class TritonMoEKernel(MoEKernel):
                 y, ids, id_map, out, routes, spec.num_experts, H, TOP_K=spec.top_k,
                 LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)
 
-        return [("align", align), ("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)]
+        grouping = [("align", align)] if programs == 1 else [("count_routes", count_routes),
+                                                             ("scatter_routes", scatter_routes)]
+        return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
+                        dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, y=y))

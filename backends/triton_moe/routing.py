@@ -70,6 +70,64 @@ def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_e
 
 
 @triton.jit
+def count_routes_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_routes_ptr, num_routes,
+                        num_experts, max_padded, LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr,
+                        CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
+    """Many routes, first of two launches: each program counts its CHUNK of routes per expert into
+    its own row of counts [programs, BINS] (no atomics, nothing to zero) and fills its share of
+    sorted_routes with the pad value."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    lanes = tl.arange(0, CHUNK)
+    expert = local_expert(topk_ids_ptr, expert_map_ptr, pid * CHUNK + lanes, num_routes, num_experts,
+                          LOCAL_EXPERTS, HAS_MAP)
+    counts = tl.histogram(tl.where(expert >= 0, expert, LOCAL_EXPERTS), BINS)
+    tl.store(counts_ptr + pid * BINS + tl.arange(0, BINS), counts)
+    for start in range(pid * CHUNK, max_padded, programs * CHUNK):
+        row = start + lanes
+        tl.store(sorted_routes_ptr + row, tl.zeros([CHUNK], dtype=tl.int32) + num_routes,
+                 mask=row < max_padded)
+
+
+@triton.jit
+def scatter_routes_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, cursor_ptr, sorted_routes_ptr,
+                          block_expert_ptr, num_routes, num_experts, max_blocks,
+                          LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr,
+                          CHUNK: tl.constexpr, PROGRAMS_POW2: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+                          HAS_MAP: tl.constexpr):
+    """Many routes, second launch: every program reads all programs' counts, so each knows where
+    each expert's run starts and where its own routes go inside it (after those of the programs
+    before it), then places its chunk with atomics on its own cursors and writes its share of
+    block_expert. Same layout as align_routes_kernel."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    bins = tl.arange(0, BINS)
+    others = tl.arange(0, PROGRAMS_POW2)
+    table = tl.load(counts_ptr + others[:, None] * BINS + bins[None, :], mask=others[:, None] < programs,
+                    other=0)
+    counts = tl.sum(table, axis=0)
+    before = tl.sum(tl.where(others[:, None] < pid, table, 0), axis=0)
+    blocks = tl.where(bins < LOCAL_EXPERTS, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+    block_end = tl.cumsum(blocks, axis=0)
+    used_blocks = tl.sum(blocks, axis=0)
+    tl.store(cursor_ptr + pid * BINS + bins, (block_end - blocks) * BLOCK_M + before)
+    block_lanes = tl.arange(0, BLOCK_CHUNK)
+    for start in range(pid * BLOCK_CHUNK, max_blocks, programs * BLOCK_CHUNK):
+        block = start + block_lanes
+        owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(block < used_blocks, owner, -1),
+                 mask=block < max_blocks)
+    # The cursors stored above are advanced below by other threads of this program.
+    tl.debug_barrier()
+    route = pid * CHUNK + tl.arange(0, CHUNK)
+    expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts, LOCAL_EXPERTS,
+                          HAS_MAP)
+    live = expert >= 0
+    row = tl.atomic_add(cursor_ptr + pid * BINS + tl.where(live, expert, 0), 1, mask=live)
+    tl.store(sorted_routes_ptr + row, route, mask=live)
+
+
+@triton.jit
 def sum_routes_kernel(y_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, num_routes, num_experts, hidden,
                       TOP_K: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
                       BLOCK_H: tl.constexpr):

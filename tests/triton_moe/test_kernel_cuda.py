@@ -90,6 +90,22 @@ def test_fp8_w8a8(activation, M, oracle_w8a8, weights_for):
              drop=0.1)
 
 
+@pytest.mark.parametrize("path", ["dot_scaled", "bits"])
+@pytest.mark.parametrize("M", [5, 300])
+def test_mxfp4_paths(path, M, oracle, weights_for):
+    spec = make_spec("mxfp4", "swiglu_oai", bias=True, ep=True)
+    run_case(spec, M, oracle, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), mxfp4_path=path),
+             drop=0.1)
+
+
+def test_many_routes_grouped_in_two_launches(oracle, weights_for):
+    """Past ALIGN_ONE_PROGRAM_ROUTES routes the grouping runs over several programs."""
+    spec = make_spec("bf16", "silu", ep=True, experts=32, top_k=4)
+    kernel = TritonMoEKernel(spec, cuda_target())
+    assert kernel.plan(1200).launches == 5
+    run_case(spec, 1200, oracle, weights_for, kernel=kernel, routing="concentrated", drop=0.05)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("routing", ["one_expert", "concentrated"])
 def test_skewed_routing(fmt, routing, oracle, weights_for):
