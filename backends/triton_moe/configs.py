@@ -9,7 +9,7 @@ no Triton), so it is tested on recorded profiles anywhere.
   flight; BLOCK_K is 128 (one fp8 block / int4 group / four mxfp4 groups per step).
 - Prefill is compute-bound: 128-wide N tiles (for gate and up each when fused), BLOCK_K 64 for
   16-bit weights and fp8 converted to 16 bits, 128 for 4-bit weights and fp8 activations. On the
-  H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 9%.
+  H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 8%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
