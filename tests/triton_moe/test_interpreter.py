@@ -106,6 +106,13 @@ def test_layer_matches_oracle(fmt, activation, bias, ep, oracle, weights_for):
     run_layer(small_spec(fmt, activation, bias, ep, H=H, I=I), 5, oracle, weights_for)
 
 
+def test_int4_per_channel(oracle, weights_for):
+    """group_size -1: one scale per output column over all of K."""
+    spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,
+                       weight_format="int4_g128", group_size=-1, has_bias=True, act_dtype="float16")
+    run_layer(spec, 4, oracle, weights_for)
+
+
 def test_prefill_tiles(oracle, weights_for):
     """64 routes per expert: BLOCK_M 64 and the prefill tile shapes."""
     run_layer(small_spec("fp8_block128", bias=True, experts=4, top_k=2, H=200, I=136), 130, oracle,
