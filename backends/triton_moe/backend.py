@@ -4,13 +4,10 @@ and import neither torch nor Triton; build() does."""
 from __future__ import annotations
 
 from backends.triton_moe import support
-from hal.backend import RANK_PORTABLE_FAST, RANK_REFERENCE
+from hal.backend import RANK_PORTABLE_FAST, triton_interpreting
 from hal.verdict import Verdict
 
 NAME = "triton_moe"
-# Under the Triton interpreter on CPU the kernels run (for tests, by prefer="triton_moe") but
-# slowly, so they rank below the reference and never win a CPU selection by default.
-RANK_INTERPRETED = RANK_REFERENCE - 1
 # int4_g128 on NVIDIA: Marlin (RANK_SPECIALIZED) is ranked above this portable kernel; on AMD this
 # is the int4 kernel.
 RANK_GPU = RANK_PORTABLE_FAST
@@ -18,7 +15,7 @@ RANK_GPU = RANK_PORTABLE_FAST
 
 def _target_problems(spec, target) -> list:
     if target.is_cpu:
-        if support.interpreting():
+        if triton_interpreting():
             return []
         return ["needs a GPU: on CPU its Triton kernels run only under TRITON_INTERPRET=1"]
     return support.gpu_problems(spec, target.gpu)
@@ -26,7 +23,7 @@ def _target_problems(spec, target) -> list:
 
 def _notes(spec, target) -> list:
     if target.is_cpu:
-        return ["Triton interpreter on CPU (TRITON_INTERPRET=1; for tests, ranked below reference)"]
+        return ["Triton interpreter on CPU (TRITON_INTERPRET=1)"]
     gpu = target.gpu
     notes = [f"fused Triton MoE on {gpu.name or gpu.arch}: align routes -> GEMM1 + {spec.activation} -> "
              f"GEMM2 x topk weight -> top-k sum, {spec.weight_format} dequantized in registers"]
@@ -41,12 +38,13 @@ class TritonMoEBackend:
 
     def check(self, spec, target) -> Verdict:
         reasons = support.spec_problems(spec) + _target_problems(spec, target)
-        if not reasons:
-            reasons = list(support.triton_problems())
-        return Verdict.from_reasons(reasons, _notes(spec, target) if not reasons else ())
+        # The interpreter runs the kernels correctly but far too slowly to be chosen: tests and
+        # `prefer="triton_moe"` name it.
+        return Verdict.from_reasons(reasons, () if reasons else _notes(spec, target),
+                                    explicit_only=target.is_cpu)
 
     def rank(self, spec, target) -> int:
-        return RANK_INTERPRETED if target.is_cpu else RANK_GPU
+        return RANK_GPU
 
     def build(self, spec, target):
         from backends.triton_moe.kernel import TritonMoEKernel

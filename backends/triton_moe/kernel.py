@@ -23,7 +23,7 @@ from backends.triton_moe.routing import (
     scatter_routes_kernel,
     sum_routes_kernel,
 )
-from backends.triton_moe.support import interpreting
+from hal.backend import triton_interpreting
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 
@@ -111,7 +111,7 @@ class TritonMoEKernel(MoEKernel):
         (values built from bit patterns and two plain dots; the only one with fp32 dots)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
-        self.dot_f32 = interpreting() if dot_f32 is None else dot_f32
+        self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
         if mxfp4_path not in (None, *MXFP4_PATHS):
             raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
                              + ", ".join(MXFP4_PATHS))

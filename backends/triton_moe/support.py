@@ -3,10 +3,6 @@ backend's check() uses this on every `hal probe`, so it imports neither torch no
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-
 from hal.spec import MoESpec
 
 FORMATS = ("bf16", "fp8_block128", "mxfp4", "int4_g128")
@@ -15,19 +11,6 @@ MIN_NVIDIA_CAPABILITY = (8, 0)  # mma.sync bf16 tensor cores, cp.async
 MIN_NVIDIA_FP8_CAPABILITY = (8, 9)
 AMD_ARCH_PREFIXES = ("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
 AMD_FP8_ARCH_PREFIXES = ("gfx94", "gfx95")
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.lru_cache(maxsize=1)
-def triton_problems() -> tuple:
-    """Found without importing it; a Triton that is installed but broken fails in build()."""
-    if importlib.util.find_spec("triton") is None:
-        return ("Triton is not installed",)
-    return ()
 
 
 def spec_problems(spec) -> list:

@@ -11,12 +11,8 @@ from hal.synth import random_expert_map, random_weights
 
 
 def _oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
-    """backends.reference in float64, with dropped (-1) routes given weight 0 on expert 0, so the
-    oracle never looks a -1 up in the expert map."""
-    dropped = topk_ids < 0
-    ids = torch.where(dropped, torch.zeros_like(topk_ids), topk_ids)
-    tw = torch.where(dropped, torch.zeros_like(topk_weights), topk_weights)
-    return ops.moe_tokens(spec, x, tw, ids, weights, compute_dtype=torch.float64)
+    """backends.reference in float64: dropped (-1) routes add nothing there too."""
+    return ops.moe_tokens(spec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float64)
 
 
 def _fp8_round_trip(v: torch.Tensor) -> torch.Tensor:
@@ -31,8 +27,7 @@ def _fp8_round_trip(v: torch.Tensor) -> torch.Tensor:
 def _oracle_w8a8(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
     """The float64 MoE with each GEMM's input round-tripped through per-row-and-128-column e4m3,
     and the activation held in x's dtype between the GEMMs, as the w8a8 kernels do."""
-    ids = ops.local_ids(torch.where(topk_ids < 0, 0, topk_ids), weights.expert_map)
-    ids = torch.where(topk_ids < 0, -1, ids)
+    ids = ops.local_ids(spec, topk_ids, weights.expert_map)
     out = torch.zeros(x.shape, dtype=torch.float64)
     for e in torch.unique(ids[ids >= 0]).tolist():
         rows, slots = torch.nonzero(ids == e, as_tuple=True)

@@ -60,8 +60,8 @@ def test_cpu_only_under_the_interpreter(monkeypatch):
     verdict = backend.check(spec(), cpu)
     assert not verdict.ok and "TRITON_INTERPRET" in verdict.reasons[0]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.check(spec(), cpu).ok
-    assert backend.rank(spec(), cpu) < 0  # below the reference: never chosen on CPU by default
+    verdict = backend.check(spec(), cpu)
+    assert verdict.ok and verdict.explicit_only  # run when named, never chosen on CPU by default
 
 
 def test_every_reason_is_collected(monkeypatch):
