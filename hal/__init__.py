@@ -3,11 +3,14 @@
     caps = hal.probe()                       # or hal.probe(profile="h200")
     kernel = hal.select_moe_kernel(spec, device="cpu")
     print(kernel.decision.explain())
+
+The ops ("moe", "moe_masked", "requant"), their templates and override variables: hal.ops.
 """
 
 # The subpackage hal.probe is imported before the function of the same name is defined below, so
 # the function wins the attribute and later imports of hal.probe.* do not rebind it.
 import hal.probe as _probe_package
+from hal import ops
 from hal.caps import Caps, CpuCaps, GpuCaps
 from hal.registry import NoKernelError, select_kernel, select_moe_kernel, select_requant_kernel
 from hal.spec import MoESpec, MoEWeights, RequantSpec
@@ -25,5 +28,5 @@ def profiles() -> list:
     return _probe_package.list_profiles()
 
 
-__all__ = ["Caps", "CpuCaps", "GpuCaps", "MoESpec", "MoEWeights", "NoKernelError", "RequantSpec",
+__all__ = ["Caps", "CpuCaps", "GpuCaps", "MoESpec", "MoEWeights", "NoKernelError", "RequantSpec", "ops",
            "probe", "profiles", "select_kernel", "select_moe_kernel", "select_requant_kernel"]

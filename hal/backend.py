@@ -1,15 +1,19 @@
 """The interface every backend implements. A backend is an object exposed through the entry-point
 group "hal.backends"; hal/ never imports a backend module by name.
 
-    name   open string, unique
-    ops    the ops it serves: "moe" (MoESpec) and/or "requant" (RequantSpec)
-    check(spec, target) -> Verdict      every reason it cannot run `spec` on `target`
-    rank(spec, target)  -> int          higher wins among accepted backends
-    build(spec, target) -> kernel       a Kernel subclass, ready for prepare_weights / __call__
+    name      open string, unique
+    ops       the ops it serves, among "moe", "moe_masked", "requant" (hal/ops.py)
+    check(spec, target) -> Verdict      every reason it cannot run `spec` on `target`; pure: reads
+                                        only (spec, target.caps), no subprocess, torch or Triton
+    rank(spec, target)  -> int          higher wins among accepted backends; pure likewise
+    build(spec, target) -> kernel       a subclass of the op's template in hal.kernel; checks the
+                                        toolchain (compiler, nvcc, Triton) and raises if it lacks one
+    priority  optional int (default 0): among equal ranks the higher wins, then the name
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Protocol, runtime_checkable
 
 import attrs
@@ -18,9 +22,15 @@ from hal.caps import Caps, CpuCaps, GpuCaps
 from hal.verdict import Verdict
 
 # Ranks are a convention between backends, gathered here so their order is visible in one place.
-RANK_REFERENCE = 0  # the portable oracle: always last
+RANK_REFERENCE = 0  # the portable oracle: below every fast path
 RANK_PORTABLE_FAST = 50  # a compiled kernel that runs on any CPU/GPU of its kind
 RANK_SPECIALIZED = 100  # a kernel built for this exact hardware feature (AMX, mma.sync, ...)
+
+
+def triton_interpreting() -> bool:
+    """Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1), so a Triton backend can
+    run on the CPU: correctly, and far too slowly to be chosen unless a caller names it."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @attrs.frozen

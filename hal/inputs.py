@@ -37,6 +37,9 @@ def check_token_inputs(spec: MoESpec, device: torch.device, x, topk_weights, top
     require(topk_weights.dtype in (torch.float32, dtype),
             f"topk_weights has dtype {topk_weights.dtype}: expected torch.float32 or {dtype}")
     _same_device("topk_weights", topk_weights, device)
+    # Kernels read the routing through raw pointers: a strided view would be read as contiguous.
+    require(topk_ids.is_contiguous(), "topk_ids must be contiguous")
+    require(topk_weights.is_contiguous(), "topk_weights must be contiguous")
     if M and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         require(lo >= -1 and hi < spec.num_experts,

@@ -56,8 +56,10 @@ def refine_cpu(cpu: CpuCaps) -> CpuCaps:
 
 def refine_gpu(gpu: GpuCaps) -> GpuCaps:
     """The fields the CUDA runtime knows and `gpu` lacks, filled in; `gpu` itself when there is
-    nothing to add or no CUDA runtime to ask."""
+    nothing to add, no CUDA runtime to ask, or the runtime's GPU at that index is another model."""
     facts = _gpu_facts(gpu.index)
+    if gpu.name and facts.get("name") and facts["name"] != gpu.name:
+        return gpu  # the caps describe another GPU than the one at this index
     found = {field: value for field, value in facts.items()
              if value is not None and not getattr(gpu, field)}
     return attrs.evolve(gpu, **found) if found else gpu

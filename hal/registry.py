@@ -258,10 +258,14 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
 
 
 def select_moe_kernel(spec: MoESpec, device="cpu", *, caps: Optional[Caps] = None,
-                      prefer: Optional[str] = None, backends=None):
-    """Op "moe" (layout="tokens") or "moe_masked" (layout="masked"), as the spec's layout says."""
+                      prefer: Optional[str] = None, backends=None, group=None):
+    """Op "moe" (layout="tokens") or "moe_masked" (layout="masked"), as the spec's layout says.
+    With `group` (a torch.distributed process group), an expert-parallel kernel over its ranks."""
     if not isinstance(spec, MoESpec):
         raise ValueError(f"spec must be hal.MoESpec, got {type(spec).__name__}")
+    if group is not None:  # expert parallelism over a torch.distributed group: hal/distributed
+        from hal.distributed import select_ep_kernel
+        return select_ep_kernel(spec, device, group, caps=caps, prefer=prefer, backends=backends)
     return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends)
 
 

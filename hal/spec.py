@@ -35,6 +35,16 @@ def _positive(inst, attribute, value):
         _fail(attribute.name, value, "a positive int")
 
 
+def _bool(inst, attribute, value):
+    if not isinstance(value, bool):
+        _fail(attribute.name, value, "True or False")
+
+
+def _finite_real(inst, attribute, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        _fail(attribute.name, value, "a finite number")
+
+
 def _one_of(options):
     def check(inst, attribute, value):
         if value not in options:
@@ -52,14 +62,14 @@ class MoESpec:
     intermediate_size: int = attrs.field(validator=_positive)
     weight_format: str = attrs.field(default="bf16", validator=_one_of(WEIGHT_FORMATS))
     activation: str = attrs.field(default="silu", validator=_one_of(ACTIVATIONS))
-    has_bias: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    has_bias: bool = attrs.field(default=False, validator=_bool)
     num_local_experts: Optional[int] = attrs.field(default=None)
     layout: str = attrs.field(default="tokens", validator=_one_of(LAYOUTS))
     act_dtype: str = attrs.field(default="bfloat16", validator=_one_of(ACT_DTYPES))
     # int4 formats only: 128, or -1 for one group over all of K (per-channel GPTQ).
     group_size: int = attrs.field(default=128)
-    swiglu_alpha: float = attrs.field(default=1.702)
-    swiglu_limit: float = attrs.field(default=7.0)
+    swiglu_alpha: float = attrs.field(default=1.702, validator=_finite_real)
+    swiglu_limit: float = attrs.field(default=7.0, validator=_finite_real)
 
     def __attrs_post_init__(self):
         if self.top_k > self.num_experts:
@@ -68,7 +78,8 @@ class MoESpec:
             n = self.num_local_experts
             if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= self.num_experts:
                 _fail("num_local_experts", n, f"None or an int in [1, {self.num_experts}]")
-        if self.group_size not in (128, -1):
+        if self.group_size not in (128, -1) or not isinstance(self.group_size, int) \
+                or isinstance(self.group_size, bool):
             _fail("group_size", self.group_size, "128, or -1 for per-channel")
         if self.group_size == -1 and self.weight_format not in ("int4_g128",):
             _fail("group_size", -1, "128 unless weight_format is int4_g128")
@@ -137,7 +148,7 @@ class RequantSpec:
     group_size: int = attrs.field(default=TOKEN_GROUP)
 
     def __attrs_post_init__(self):
-        if self.group_size != TOKEN_GROUP:
+        if self.group_size != TOKEN_GROUP or not isinstance(self.group_size, int):
             _fail("group_size", self.group_size, f"{TOKEN_GROUP} (DeepEP's token group)")
         if self.hidden_size % self.group_size:
             _fail("hidden_size", self.hidden_size, f"a multiple of {self.group_size}")

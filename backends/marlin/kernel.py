@@ -45,9 +45,9 @@ class MarlinMoEKernel(MoEKernel):
             self.variant = "runtime_branch"
         elif policy != "occupancy":
             self.variant = policy
-        gpu = target.gpu
+        gpu = self.target.gpu
         arch = gpu.arch if gpu is not None and gpu.arch else "sm_90"
-        # The seed's "before": one build with both branches compiled in and decided at run time.
+        # The runtime-branch baseline: one build with both branches compiled in, decided at run time.
         self.specialization = build.Specialization(spec.act_dtype, spec.is_ep or runtime_branch,
                                                    spec.has_bias or runtime_branch, arch)
         self._lock = threading.Lock()

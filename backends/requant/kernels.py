@@ -24,7 +24,7 @@ class RequantTritonKernel(RequantKernel):
         if variant not in GEOMETRIES:
             raise ValueError(f"variant={variant!r} is not allowed: expected one of {GEOMETRIES}")
         self.variant = variant
-        self.traits = device_traits(self.device, target.gpu)
+        self.traits = device_traits(self.device, self.target.gpu)
 
     def baselines(self) -> dict:
         if self.variant != "tuned":
@@ -48,7 +48,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
 
     def __init__(self, spec, target):
         super().__init__(spec, target)
-        self.traits = device_traits(self.device, target.gpu)
+        self.traits = device_traits(self.device, self.target.gpu)
 
     def _prepare(self, weights):
         scale = weights.w13_input_scale.to(device=self.device, dtype=torch.float32).reshape(1)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from hal.cli import spec_args
+from hal.ops import OPS
 
 ROUTINGS = ("uniform", "concentrated", "one_expert")
 
@@ -17,8 +18,8 @@ def add_parser(sub):
     p.add_argument("--routing", choices=ROUTINGS, default="uniform")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--profile", help="decide for a recorded profile instead of this machine")
-    p.add_argument("--prefer", help="force a backend (as the op's override variable does: "
-                                    "HAL_MOE_BACKEND, HAL_MOE_MASKED_BACKEND, HAL_REQUANT_BACKEND)")
+    p.add_argument("--prefer", help="force a backend, as the op's override variable does ("
+                                    + ", ".join(f"{op.override_variable} for {op.name}" for op in OPS) + ")")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 

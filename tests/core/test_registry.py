@@ -1,5 +1,6 @@
 import logging
 
+import attrs
 import pytest
 
 import hal
@@ -242,3 +243,20 @@ def test_a_failed_build_falls_to_the_next_by_the_same_rule():
 def test_every_failed_build_is_no_kernel_with_the_build_errors():
     with pytest.raises(hal.NoKernelError, match="build failed: RuntimeError: nvcc missing"):
         select_kernel(SPEC, "cpu", caps=CAPS, backends=found(FakeBackend("a", 5, build_error="nvcc missing")))
+
+
+def test_marlin_without_a_toolchain_fails_its_build_and_the_next_backend_runs(monkeypatch):
+    """check() accepts from the caps alone; build() finds no nvcc on this (live) target, and the
+    trace keeps the reason while the next backend is built."""
+    from backends.marlin import build
+
+    monkeypatch.setattr(build, "nvcc_archs", lambda: (None, (), "nvcc was not found (set CUDA_HOME)"))
+    caps = attrs.evolve(hal.probe(profile="h200"), profile=None)
+    int4 = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
+                       weight_format="int4_g128")
+    assert decide(int4, Target("cuda:0", caps), discover()).winner == "marlin"
+    kernel = select_moe_kernel(int4, "cuda:0", caps=caps)
+    assert kernel.backend == "triton_moe"  # the next accepted backend by rank
+    marlin = next(c for c in kernel.decision.candidates if c.name == "marlin")
+    assert "build failed: ToolchainError" in marlin.verdict.summary()
+    assert "nvcc was not found" in marlin.verdict.summary()

@@ -71,12 +71,14 @@ def test_mi300x_int4_is_not_marlin_because_of_the_vendor():
     assert not marlin.verdict.ok and any("NVIDIA" in r or "nvidia" in r for r in marlin.verdict.reasons)
 
 
-def test_w4afp8_masked_on_mi300x_is_requant_with_wave64():
+def test_w4afp8_masked_on_mi300x_is_the_fp8_mfma_gemm_with_wave64():
     caps = hal.probe(profile="mi300x")
     assert caps.gpus[0].warp_size == 64
     d, win = winner("mi300x", presets.get("deepseek-v3").spec("w4afp8"), "cuda:0")
-    assert d.winner == "requant", d.explain()
+    assert d.winner == "w4afp8", d.explain()
     assert "64" in win.verdict.summary()
+    fallback = next(c for c in d.candidates if c.name == "requant")
+    assert fallback.verdict.ok and "64" in fallback.verdict.summary()
 
 
 def test_rtx5090_is_not_treated_as_datacenter_blackwell():

@@ -1,4 +1,5 @@
-"""The reference backend through the kernel API: what every backend's kernel must also do."""
+"""The reference backend through the kernel API: its exact messages and masked rows. The contract
+every backend's kernel shares (poisoned out=, float64 accuracy, EP) is hal.testing.conformance."""
 
 import attrs
 import pytest
@@ -15,25 +16,6 @@ pytestmark = pytest.mark.cpu
 
 def build(spec):
     return hal.select_moe_kernel(spec, "cpu", caps=Caps(), prefer="reference")
-
-
-@pytest.mark.parametrize("local", [None, 3])
-@pytest.mark.parametrize("M", [1, 13])
-def test_kernel_writes_every_row_and_matches_float64(local, M):
-    spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
-                       weight_format="fp8_block128", num_local_experts=local)
-    w = random_weights(spec, seed=1)
-    if spec.is_ep:
-        w = attrs.evolve(w, expert_map=random_expert_map(spec, seed=2))
-    kernel = build(spec)
-    prepared = kernel.prepare_weights(w)
-    x = random_tokens(spec, M, seed=3)
-    tw, ti = random_routing(spec, M, seed=4)
-    out = poison(torch.empty_like(x))
-    kernel(x, tw, ti, prepared, out=out)
-    assert not torch.isnan(out).any()
-    want = ops.moe_tokens(spec, x, tw, ti, w, compute_dtype=torch.float64).double()
-    assert (out.double() - want).norm() <= 1e-2 * want.norm() + 1e-6
 
 
 def test_empty_batch_and_bad_inputs_name_the_argument():

@@ -1,0 +1,95 @@
+"""The W4AFP8 masked MoE kernel: both GEMMs, the activation and the FP8 requant between them on
+Triton, fed in one of two ways that write the same bytes:
+
+    fused    (default) GEMM 1 reads the per-token-group FP8 and requantizes it in registers;
+    requant  the requant op (selected through hal.select_requant_kernel) writes per-tensor FP8
+             first, then GEMM 1 reads it: the baseline `hal bench` times the fused feed against."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from backends.w4afp8 import configs, layer
+from backends.w4afp8.plan import W4AFp8Plan
+from hal.kernel import MaskedMoEKernel
+
+NAME = "w4afp8"
+VARIANTS = ("fused", "requant")
+
+
+class W4AFp8MaskedKernel(MaskedMoEKernel):
+    backend = NAME
+
+    def __init__(self, spec, target, variant: str = "fused"):
+        super().__init__(spec, target)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant={variant!r} is not allowed: expected one of {VARIANTS}")
+        self.variant = variant
+        self.requant = self._select_requant() if variant == "requant" else None
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        """The FP8 encoding of the target: e4m3fnuz where its capabilities say fnuz (gfx942), OCP
+        e4m3fn elsewhere, the Triton interpreter included."""
+        gpu = self.target.gpu
+        if gpu is not None and gpu.features.fp8 == "fnuz":
+            return torch.float8_e4m3fnuz
+        return torch.float8_e4m3fn
+
+    @property
+    def mma_dtype(self) -> torch.dtype:
+        """FP8 MMA on a GPU; fp32 in Triton's CPU interpreter, which has no FP8 MMA (the operands
+        carry the same FP8 values either way)."""
+        return torch.float32 if self.device.type == "cpu" else self.fp8_dtype
+
+    def _select_requant(self):
+        import hal
+
+        spec = hal.RequantSpec(self.spec.local_experts, self.spec.hidden_size)
+        return hal.select_requant_kernel(spec, self.target.device, caps=self.target.caps)
+
+    def baselines(self) -> dict:
+        other = VARIANTS[1 - VARIANTS.index(self.variant)]
+        return {other: W4AFp8MaskedKernel(self.spec, self.target, other)}
+
+    def _prepare(self, weights):
+        return layer.prepare(self.spec, weights, self.device)
+
+    def _launch(self, max_m: int, expected_rows: Optional[int]):
+        gpu = self.target.gpu
+        tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), gpu and gpu.vendor,
+                                 bool(gpu and gpu.features.wgmma))
+        return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
+
+    def _run(self, x, x_scale, masked_m, data, out, expected_rows):
+        if x.dtype != self.fp8_dtype:
+            raise ValueError(f"x has dtype {x.dtype}: expected {self.fp8_dtype}, the target's FP8")
+        E, max_m, _ = x.shape
+        if E == 0 or max_m == 0:
+            return
+        tile, m_programs = self._launch(max_m, expected_rows)
+        if self.variant == "requant":
+            x = self.requant(x, x_scale, masked_m, data.w13_input_scale, expected_rows=expected_rows,
+                             check=False)
+            x_scale = None
+        h = torch.empty((E, max_m, self.spec.intermediate_size), dtype=x.dtype, device=x.device)
+        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, self.mma_dtype)
+        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, self.mma_dtype)
+
+    def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
+        """max_m defaults to the largest count in masked_m."""
+        live = rows = None
+        if masked_m is not None:
+            live, rows = int((masked_m > 0).sum()), int(masked_m.sum())
+            if max_m is None:
+                max_m = int(masked_m.max()) if masked_m.numel() else 0
+        max_m = max_m or 0
+        tile, m_programs = self._launch(max_m, expected_rows)
+        blocks = lambda n: -(-n // tile.block_n)
+        return W4AFp8Plan(
+            self.variant, tile, m_programs, blocks(self.spec.intermediate_size),
+            blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
+            str(self.mma_dtype).replace("torch.", ""), live, rows,
+            self.requant.plan(max_m, expected_rows) if self.requant is not None else None)

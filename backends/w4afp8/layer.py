@@ -1,0 +1,90 @@
+"""The masked W4AFP8 layer on the GPU: the prepared weights and the two GEMM launches.
+
+    GEMM 1   x [E, max_m, H] FP8 (per-tensor, or per-token-group and requantized in registers)
+             @ W13 -> activation -> FP8 h [E, max_m, I] with 1 / w2_input_scale
+    GEMM 2   h @ W2 -> bf16 out [E, max_m, H]
+
+Only rows below masked_m[e] are read or written, h included."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+import triton.language as tl
+
+from backends.w4afp8 import configs, triton_kernels
+from hal.spec import MoESpec
+
+# torch dtype of the MMA operands -> the Triton dtype the kernels convert them to.
+DOT_DTYPES = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8,
+              torch.float32: tl.float32}
+
+
+@attrs.frozen
+class PreparedW4AFp8:
+    """The checkpoint's uint4b8 weights with K contiguous per output column, as the GEMMs read
+    them: q13 int32 [E, w13_rows, H / 8] (gated: gate rows [0, I), up rows [I, 2I)), s13 bf16
+    [E, H / 128, w13_rows] in the same column order, q2 int32 [E, H, I / 8], s2 bf16
+    [E, I / 128, H], and the static per-tensor input scales as fp32 [1] tensors."""
+
+    q13: torch.Tensor
+    s13: torch.Tensor
+    q2: torch.Tensor
+    s2: torch.Tensor
+    w13_input_scale: torch.Tensor
+    w2_input_scale: torch.Tensor
+
+
+def _input_scale(value: torch.Tensor, name: str, device) -> torch.Tensor:
+    scale = value.to(device=device, dtype=torch.float32).reshape(1)
+    number = float(scale)
+    if not 0 < number < float("inf"):
+        raise ValueError(f"weights.{name}={number}: expected a finite value > 0")
+    return scale
+
+
+def prepare(spec: MoESpec, weights, device: torch.device) -> PreparedW4AFp8:
+    """Repack once: transpose the GPTQ containers so each output column's nibbles are contiguous
+    along K, and split swiglu_oai's interleaved gate/up columns into two halves."""
+    q13, s13 = weights.w13.to(device), weights.w13_scale.to(device)
+    if spec.activation == "swiglu_oai":
+        rows = spec.w13_rows
+        order = torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)]).to(device)
+        q13, s13 = q13.index_select(-1, order), s13.index_select(-1, order)
+    return PreparedW4AFp8(
+        q13=q13.transpose(1, 2).contiguous(), s13=s13.to(torch.bfloat16).contiguous(),
+        q2=weights.w2.to(device).transpose(1, 2).contiguous(),
+        s2=weights.w2_scale.to(device=device, dtype=torch.bfloat16).contiguous(),
+        w13_input_scale=_input_scale(weights.w13_input_scale, "w13_input_scale", device),
+        w2_input_scale=_input_scale(weights.w2_input_scale, "w2_input_scale", device))
+
+
+def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], masked_m: torch.Tensor,
+          data: PreparedW4AFp8, h: torch.Tensor, tile: configs.GemmTile, m_programs: int,
+          dot_dtype: torch.dtype) -> None:
+    """h = fp8(act(x @ W13) / s2) on live rows. x_scale None: x is per-tensor FP8 with scale s13;
+    else x is per-token-group FP8 and is requantized to that per-tensor FP8 in registers."""
+    E, max_m, hidden = x.shape
+    inter = spec.intermediate_size
+    group_scaled = x_scale is not None
+    strides = x_scale.stride() if group_scaled else (0, 0, 0)
+    triton_kernels.w4a8_gemm1_kernel[triton_kernels.grid(m_programs, inter, tile.block_n, E)](
+        x, x_scale if group_scaled else x, masked_m, data.q13, data.s13, data.w13_input_scale,
+        data.w2_input_scale, h, max_m, hidden, inter, spec.w13_rows, *strides,
+        float(torch.finfo(x.dtype).max), float(spec.swiglu_alpha), float(spec.swiglu_limit),
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
+        ACTIVATION=triton_kernels.ACTIVATION_CODES[spec.activation], GROUP_SCALED=group_scaled,
+        DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
+
+
+def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: PreparedW4AFp8,
+          out: torch.Tensor, tile: configs.GemmTile, m_programs: int, dot_dtype: torch.dtype) -> None:
+    """out = bf16((h @ W2) * s2) on live rows."""
+    E, max_m, inter = h.shape
+    hidden = spec.hidden_size
+    triton_kernels.w4a8_gemm2_kernel[triton_kernels.grid(m_programs, hidden, tile.block_n, E)](
+        h, masked_m, data.q2, data.s2, data.w2_input_scale, out, max_m, inter, hidden,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
+        DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)

@@ -1,0 +1,53 @@
+"""The per-call decision of the W4AFP8 masked layer, as `kernel.plan()` returns it and `hal select`
+prints it: which feed runs GEMM 1 and why, the GEMM tile, and the grids."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from backends.w4afp8.configs import GemmTile
+
+# variant name -> what feeds GEMM 1
+FEEDS = {
+    "fused": "GEMM 1 reads DeepEP's per-token-group FP8 and requantizes it to per-tensor FP8 with "
+             "w13_input_scale in registers before its MMA",
+    "requant": "the requant op rewrites x to per-tensor FP8 with w13_input_scale, then GEMM 1 reads it",
+}
+# why each variant is the one that runs when it is
+WHY = {
+    "fused": "default: same bytes as the requant feed (the same rounding point) with one launch and "
+             "one [E, max_m, H] FP8 write and read fewer",
+    "requant": "named as the baseline of the fused feed (kernel.baselines()), to time the two side by side",
+}
+
+
+@attrs.frozen
+class W4AFp8Plan:
+    variant: str  # "fused" | "requant"
+    tile: GemmTile
+    m_programs: int  # programs per expert along rows
+    gemm1_n_blocks: int
+    gemm2_n_blocks: int
+    num_experts: int
+    max_m: int
+    expected_rows: Optional[int]
+    mma_dtype: str  # the MMA operand dtype: the target's FP8, fp32 under the Triton interpreter
+    live_experts: Optional[int]
+    rows: Optional[int]
+    requant: Optional[object]  # the requant op's own plan, for the requant feed
+
+    @property
+    def programs(self) -> int:
+        return self.m_programs * (self.gemm1_n_blocks + self.gemm2_n_blocks) * self.num_experts
+
+    def describe(self) -> str:
+        live = "" if self.rows is None else f"{self.rows} rows on {self.live_experts} live experts; "
+        requant = "" if self.requant is None else f"; requant: {self.requant.describe()}"
+        return (f"w4afp8 masked MoE, feed {self.variant}: {FEEDS[self.variant]} ({WHY[self.variant]}); "
+                f"{live}int4 g128 x {self.mma_dtype} MMA, fp32 accumulation scaled per K group of 128; "
+                f"{self.tile.describe()}, sized for expected rows {self.expected_rows} of max_m "
+                f"{self.max_m}; grids {self.m_programs} x {self.gemm1_n_blocks} x {self.num_experts} "
+                f"(GEMM 1 + activation + FP8 requant) and {self.m_programs} x {self.gemm2_n_blocks} x "
+                f"{self.num_experts} (GEMM 2, bf16); m-programs past masked_m exit at once{requant}")

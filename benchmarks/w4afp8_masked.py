@@ -1,0 +1,187 @@
+"""Benchmark of the W4AFP8 MoE on the DeepEP masked layout, DeepSeek-V3 expert-parallel shapes
+(H 7168, I 2048; 8-32 local experts; 1-8 decode and 64-512 prefill rows per expert).
+
+Times, on the same inputs:
+    w4afp8:fused     the w4afp8 backend, GEMM 1 fed the per-token-group FP8 directly (its default)
+    w4afp8:requant   the same GEMMs fed by the requant op (per-tensor FP8 first)
+    requant          the requant backend's masked MoE (Triton requant, GEMMs on backends.reference)
+    reference        backends.reference (--no-reference skips it)
+
+and reports the median per call, the weight bytes read per second against the copy rate measured in
+the same run (the roofline of a weight-bound decode step), and FP8 TFLOP/s against an FP8 matmul
+measured in the same run. Timing replays a CUDA graph over rotated input sets and two copies of
+the prepared weights, so no call finds the previous call's weights or activations in L2.
+
+    python benchmarks/w4afp8_masked.py [--experts 8 16 32] [--rows 1 2 4 8 64 128 256 512] [--json]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+HIDDEN, INTERMEDIATE, GLOBAL_EXPERTS, TOP_K = 7168, 2048, 256, 8
+DEFAULT_EXPERTS = (8, 16, 32)
+DEFAULT_ROWS = (1, 2, 4, 8, 64, 128, 256, 512)
+# activation sets cycled through (8 x 32 experts x 512 rows x 7168 B = 940 MB at the largest
+# shape) and prepared-weight copies (2 x 32 experts x 22 MB): several times the H200's L2.
+ROTATE_INPUTS = 8
+ROTATE_WEIGHTS = 2
+# DeepEP's low-latency buffer holds more rows per expert than a decode step fills.
+MIN_MAX_M = 128
+FP8_MATMUL_N = 8192
+
+
+def gpu_or_reason() -> Optional[str]:
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not importable ({exc})"
+    if not torch.cuda.is_available():
+        return f"no GPU visible to torch {torch.__version__}"
+    return None
+
+
+def fp8_tflops(fp8_dtype) -> Optional[float]:
+    """An FP8 matmul's rate here (torch._scaled_mm, bf16 out), or None where torch has none."""
+    import torch
+
+    from hal.bench.timing import time_calls
+
+    try:
+        a = torch.randn(FP8_MATMUL_N, FP8_MATMUL_N, device="cuda").to(fp8_dtype)
+        b = torch.randn(FP8_MATMUL_N, FP8_MATMUL_N, device="cuda").to(fp8_dtype).t()  # column-major
+        one = torch.ones((), device="cuda")
+        call = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        call()
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        print(f"[w4afp8 bench] no FP8 matmul ceiling: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    return 2 * FP8_MATMUL_N**3 / time_calls("cuda", [call], warmup=2, iters=10).median_s / 1e12
+
+
+def kernels(spec, device, caps, include_reference: bool):
+    """[(label, kernel)]: the w4afp8 fused feed, its requant feed, and the backends it replaces."""
+    import hal
+
+    fused = hal.select_moe_kernel(spec, device, caps=caps, prefer="w4afp8")
+    out = [("w4afp8:fused", fused), ("w4afp8:requant", fused.baselines()["requant"]),
+           ("requant", hal.select_moe_kernel(spec, device, caps=caps, prefer="requant"))]
+    if include_reference:
+        out.append(("reference", hal.select_moe_kernel(spec, device, caps=caps, prefer="reference")))
+    return out
+
+
+def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate, include_reference):
+    import attrs
+    import torch
+
+    from hal.bench.timing import time_calls
+    from hal.spec import MoESpec
+    from hal.synth import random_expert_map, random_masked_inputs, random_weights
+
+    spec = MoESpec(num_experts=GLOBAL_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN,
+                   intermediate_size=INTERMEDIATE, num_local_experts=experts, weight_format="w4afp8",
+                   layout="masked")
+    runs = kernels(spec, device, caps, include_reference)
+    fp8 = runs[0][1].fp8_dtype
+    # The masked layout holds local experts only; the expert map is validated, never read.
+    expert_map = random_expert_map(spec, seed=99, device=device)
+    weight_sets = [attrs.evolve(random_weights(spec, device=device, seed=100 + i), expert_map=expert_map)
+                   for i in range(ROTATE_WEIGHTS)]
+    prepared = {}
+    for label, kernel in runs:
+        print(f"[w4afp8 bench] E={experts}: preparing weights for {label} ...", file=sys.stderr, flush=True)
+        # Both feeds of the w4afp8 backend take the same prepared weights.
+        same = next((other for other, k in runs if other in prepared and k.backend == kernel.backend), None)
+        prepared[label] = prepared[same] if same else [kernel.prepare_weights(w) for w in weight_sets]
+    results = []
+    for rows in rows_list:
+        max_m = max(MIN_MAX_M, rows)
+        sets = [random_masked_inputs(experts, HIDDEN, max_m, [rows] * experts, seed=1000 + i,
+                                     device=device, fp8_dtype=fp8) for i in range(ROTATE_INPUTS)]
+        outs = [torch.empty(s[0].shape, dtype=torch.bfloat16, device=device) for s in sets]
+        weight_bytes = experts * spec.weight_bytes_per_expert()
+        flops = experts * rows * spec.flops_per_token()
+        for label, kernel in runs:
+            calls = [(lambda k=kernel, s=s, o=o, p=prepared[label][i % ROTATE_WEIGHTS], n=rows:
+                      k(s[0], s[1], s[2], p, expected_rows=n, out=o, check=False))
+                     for i, (s, o) in enumerate(zip(sets, outs, strict=True))]
+            timing = time_calls(device, calls)
+            seconds = timing.median_s
+            results.append(dict(
+                experts=experts, rows_per_expert=rows, max_m=max_m, variant=label,
+                median_us=seconds * 1e6, p10_us=timing.p10_s * 1e6, p90_us=timing.p90_s * 1e6,
+                method=timing.method, weight_gbps=weight_bytes / seconds / 1e9,
+                weight_roofline=weight_bytes / (ceilings.copy_gbps * 1e9) / seconds,
+                fp8_tflops=flops / seconds / 1e12,
+                fp8_peak_fraction=None if fp8_rate is None else flops / seconds / 1e12 / fp8_rate))
+            print(f"[w4afp8 bench] E={experts:<3} rows={rows:<4} {label:<16} {seconds * 1e6:10.1f} us "
+                  f"({timing.method})", file=sys.stderr, flush=True)
+        del sets, outs
+    del prepared
+    torch.cuda.empty_cache()
+    return results
+
+
+def table(results) -> str:
+    head = (f"{'E':>3} {'rows':>5} {'variant':<16} {'median us':>10} {'weight GB/s':>12} "
+            f"{'roofline':>9} {'FP8 TFLOP/s':>12} {'vs requant feed':>16} {'vs requant':>11}")
+    lines = [head, "-" * len(head)]
+    by_key = {(r["experts"], r["rows_per_expert"], r["variant"]): r for r in results}
+    for r in results:
+        key = (r["experts"], r["rows_per_expert"])
+        feed = by_key.get((*key, "w4afp8:requant"))
+        fallback = by_key.get((*key, "requant"))
+        ratio = lambda other, r=r: f"{other['median_us'] / r['median_us']:.2f}x" if other else "-"
+        lines.append(f"{r['experts']:>3} {r['rows_per_expert']:>5} {r['variant']:<16} "
+                     f"{r['median_us']:>10.1f} {r['weight_gbps']:>12.0f} {r['weight_roofline']:>9.1%} "
+                     f"{r['fp8_tflops']:>12.1f} {ratio(feed):>16} {ratio(fallback):>11}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experts", type=int, nargs="+", default=list(DEFAULT_EXPERTS))
+    parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS),
+                        help="rows per local expert")
+    parser.add_argument("--no-reference", action="store_true", help="skip backends.reference")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    reason = gpu_or_reason()
+    if reason:
+        print(f"w4afp8_masked: nothing measured: {reason}; this benchmark needs a GPU with FP8 MMA")
+        return 0
+    import torch
+
+    import hal
+    from hal.bench.ceilings import measure
+
+    device = f"cuda:{torch.cuda.current_device()}"
+    caps = hal.probe(deep=True)
+    ceilings = measure(device)
+    print(f"[w4afp8 bench] {ceilings.describe()}", file=sys.stderr, flush=True)
+    probe_spec = hal.MoESpec(num_experts=GLOBAL_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN,
+                             intermediate_size=INTERMEDIATE, num_local_experts=DEFAULT_EXPERTS[0],
+                             weight_format="w4afp8", layout="masked")
+    fp8 = hal.select_moe_kernel(probe_spec, device, caps=caps, prefer="w4afp8").fp8_dtype
+    fp8_rate = fp8_tflops(fp8)
+    results = []
+    for experts in args.experts:
+        results += bench_experts(experts, args.rows, device, caps, ceilings, fp8_rate,
+                                 not args.no_reference)
+    gpu = torch.cuda.get_device_name()
+    header = (f"w4afp8 masked MoE, H {HIDDEN}, I {INTERMEDIATE}, on {gpu}: {ceilings.describe()}; "
+              f"FP8 matmul {'n/a' if fp8_rate is None else f'{fp8_rate:.0f} TFLOP/s'}")
+    if args.json:
+        print(json.dumps(dict(device=gpu, copy_gbps=ceilings.copy_gbps, fp8_tflops=fp8_rate,
+                              launch_us=ceilings.launch_us, results=results), indent=1))
+    else:
+        print(header)
+        print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Helpers for kernel tests, here and in third-party backends: poisoned outputs, the accuracy
+measure of DESIGN.md, the machine's own capabilities, and the conformance suite every backend
+passes (`pytest --pyargs hal.testing.conformance`; the fuzz of invalid inputs is hal.testing.fuzz)."""
+
+from hal.testing.accuracy import ACCURACY, rel_err
+from hal.testing.machine import live_cpu_caps
+from hal.testing.poison import POISON_BYTE, POISON_BYTE_FNUZ, assert_masked_rows, is_poison, poison
+
+__all__ = ["ACCURACY", "POISON_BYTE", "POISON_BYTE_FNUZ", "assert_masked_rows", "is_poison",
+           "live_cpu_caps", "poison", "rel_err"]

@@ -1,0 +1,39 @@
+"""Contract cases the product is known to fail today. Each runs as xfail(strict=True), so the fix
+that makes it pass turns it into a failure until its entry here is removed with the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import attrs
+
+
+@attrs.frozen
+class KnownFailure:
+    test: str  # the conformance test's function name
+    reason: str  # the exact behaviour that breaks the contract
+    backends: Optional[frozenset] = None  # None: every backend (the failure is in hal itself)
+    where: Optional[Callable] = None  # a predicate on the spec; None: every spec
+
+    def applies(self, test: str, case) -> bool:
+        return (test == self.test and (self.backends is None or case.backend in self.backends)
+                and (self.where is None or self.where(case.spec)))
+
+
+KNOWN_FAILURES = tuple(
+    KnownFailure(
+        test,
+        "the reference masked kernel (and the requant backend's w4afp8 GEMM stages, which call it) "
+        "round GEMM 1's output to bf16 before requantizing the activation to FP8: the flipped FP8 "
+        "roundings put live rows at 1.3e-2 to 1.8e-2 of the float64 oracle (fp32 compute: 1.6e-3)",
+        frozenset({"reference", "requant"}))
+    for test in ("test_masked_contract", "test_masked_default_out"))
+
+
+def known_failure(test: str, case) -> Optional[str]:
+    """The reason `test` is expected to fail for `case`, or None."""
+    for known in KNOWN_FAILURES:
+        if known.applies(test, case):
+            return known.reason
+    return None

@@ -1,0 +1,59 @@
+"""Compile the w4afp8 Triton kernels ahead of time for a GPU target that need not be present, and
+print, as JSON, the matrix instructions and the shared memory of each. Run with TRITON_INTERPRET=0:
+the interpreter replaces @triton.jit functions, which then cannot be compiled.
+
+    python tests/w4afp8/aot_compile.py cuda:90 | cuda:89 | hip:gfx942"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from backends.w4afp8 import configs, triton_kernels
+
+MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
+
+
+def source(fn, types: dict, constexprs: dict) -> ASTSource:
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
+    return ASTSource(fn=fn, signature=signature,
+                     constexprs={(names.index(k),): v for k, v in constexprs.items()})
+
+
+def compile_all(target: str) -> list:
+    backend, arch = target.split(":")
+    hip = backend == "hip"
+    gpu = GPUTarget("hip", arch, 64) if hip else GPUTarget("cuda", int(arch), 32)
+    fp8, dot = ("fp8e4b8", tl.float8e4b8) if hip else ("fp8e4nv", tl.float8e4nv)
+    stages = configs.STAGES["amd" if hip else "nvidia"]
+    gemm1 = dict(x_ptr=f"*{fp8}", x_scale_ptr="*fp32", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16",
+                 in_scale_ptr="*fp32", out_scale_ptr="*fp32", h_ptr=f"*{fp8}", max_m="i32", hidden="i32",
+                 inter="i32", weight_rows="i32", scale_stride_e="i32", scale_stride_m="i32",
+                 scale_stride_g="i32", fp8_max="fp32", swiglu_alpha="fp32", swiglu_limit="fp32")
+    gemm2 = dict(h_ptr=f"*{fp8}", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16", in_scale_ptr="*fp32",
+                 out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
+    results = []
+    for rows in (8, 200):  # the decode tile and the prefill tile
+        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90")
+        common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K, DOT_DTYPE=dot)
+        cases = [("gemm1", triton_kernels.w4a8_gemm1_kernel, gemm1,
+                  dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
+                 ("gemm2", triton_kernels.w4a8_gemm2_kernel, gemm2, common)]
+        for name, fn, types, constexprs in cases:
+            kernel = triton.compile(source(fn, types, constexprs), target=gpu,
+                                    options=dict(num_warps=tile.num_warps, num_stages=stages))
+            asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
+            results.append(dict(kernel=name, block_m=tile.block_m, shared=kernel.metadata.shared,
+                                mma=sorted(set(MMA.findall(asm)))))
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all(sys.argv[1])))

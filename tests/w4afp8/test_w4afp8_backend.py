@@ -1,0 +1,147 @@
+"""The w4afp8 backend's verdicts, ranks, selection on recorded profiles, plans and validation
+(CPU; nothing here launches a kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hal
+from backends.reference import backend as reference
+from backends.requant import backend as requant
+from backends.w4afp8 import backend
+from hal.backend import Target
+from hal.caps import Caps, GpuCaps, GpuFeatures
+from hal.spec import MoESpec, RequantSpec
+
+pytestmark = pytest.mark.cpu
+
+SPEC = MoESpec(num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048, num_local_experts=8,
+               weight_format="w4afp8", layout="masked")
+A100 = GpuCaps(index=0, vendor="nvidia", name="NVIDIA A100", arch="sm_80", warp_size=32,
+               features=GpuFeatures(mma_sync=True, cp_async=True))
+L40S = GpuCaps(index=0, vendor="nvidia", name="NVIDIA L40S", arch="sm_89", warp_size=32,
+               features=GpuFeatures(mma_sync=True, cp_async=True, fp8="ocp"))
+
+
+def profile_target(profile: str, device="cuda:0") -> Target:
+    if profile not in hal.profiles():
+        pytest.skip(f"profile {profile!r} is not recorded")
+    return Target(device, hal.probe(profile=profile))
+
+
+@pytest.mark.profiles
+@pytest.mark.parametrize("profile", ["h200", "h100", "mi300x"])
+def test_fp8_mma_gpus_accept_and_outrank_the_requant_fallback(profile):
+    target = profile_target(profile)
+    verdict = backend.check(SPEC, target)
+    assert verdict.ok, verdict.reasons
+    assert requant.check(SPEC, target).ok
+    assert backend.rank(SPEC, target) > requant.rank(SPEC, target) > reference.rank(SPEC, target)
+    assert "FP8" in verdict.summary() and "MMA" in verdict.summary()
+
+
+@pytest.mark.profiles
+@pytest.mark.parametrize("profile", ["h200", "h100", "mi300x"])
+def test_selection_picks_it_on_fp8_mma_gpus(profile):
+    pytest.importorskip("triton")
+    target = profile_target(profile)
+    kernel = hal.select_moe_kernel(SPEC, "cuda:0", caps=target.caps)
+    assert kernel.backend == "w4afp8" and kernel.variant == "fused"
+    assert "requant" in kernel.decision.explain()
+
+
+@pytest.mark.profiles
+def test_zen4_cpu_profile_never_selects_it(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    target = profile_target("zen4", device="cpu")
+    verdict = backend.check(SPEC, target)
+    assert not verdict.ok and "TRITON_INTERPRET=1" in verdict.summary()
+    assert hal.select_moe_kernel(SPEC, "cpu", caps=target.caps).backend == "reference"
+
+
+@pytest.mark.profiles
+def test_rdna3_is_rejected_with_every_reason():
+    reasons = backend.check(SPEC, profile_target("rx7900xtx")).reasons
+    assert any("FP8" in r for r in reasons) and any("MFMA" in r for r in reasons), reasons
+
+
+def test_collects_every_reason():
+    tokens = MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128)
+    reasons = backend.check(tokens, Target("cuda:0", Caps(gpus=(A100,)))).reasons
+    assert len(reasons) == 4, reasons
+    assert "w4afp8" in reasons[0] and "masked" in reasons[1] and "FP8" in reasons[2]
+    assert "sm_89" in reasons[3]
+    assert not backend.check(RequantSpec(8, 256), Target("cuda:0", Caps(gpus=(L40S,)))).ok
+    assert backend.check(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).ok
+    assert not backend.check(SPEC, Target("cuda:1", Caps(gpus=(L40S,)))).ok  # no such GPU
+    no_warp = GpuCaps(index=0, vendor="nvidia", arch="sm_90", features=GpuFeatures(fp8="ocp"),
+                      unknown={"warp_size": "NVML does not report it"})
+    assert "NVML does not report it" in backend.check(SPEC, Target("cuda:0", Caps(gpus=(no_warp,)))).summary()
+
+
+def test_cpu_needs_the_interpreter_and_is_then_chosen_only_when_named(monkeypatch):
+    cpu = Target("cpu", Caps())
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not backend.check(SPEC, cpu).ok
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        backend.build(SPEC, cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    verdict = backend.check(SPEC, cpu)
+    assert verdict.ok and verdict.explicit_only
+
+
+@pytest.mark.profiles
+def test_plans_say_which_feed_runs_and_why():
+    pytest.importorskip("triton")
+    target = profile_target("h200")
+    kernel = backend.build(SPEC, target)
+    masked_m = torch.tensor([1, 0, 3, 2, 0, 1, 1, 0], dtype=torch.int32)
+    plan = kernel.plan(masked_m, expected_rows=2, max_m=128)
+    text = plan.describe()
+    assert plan.variant == "fused" and "default" in text and "in registers" in text
+    # sm_90: never below a warpgroup MMA's 64 rows, so the MMA stays FP8
+    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (64, 1, 32, 112)
+    assert plan.mma_dtype == "float8_e4m3fn" and plan.rows == 8 and plan.live_experts == 5
+    assert plan.programs == 1 * (32 + 112) * 8
+    baseline = kernel.baselines()["requant"]
+    assert baseline.variant == "requant" and set(baseline.baselines()) == {"fused"}
+    requant_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
+    assert "requant op rewrites x" in requant_text and "requant tuned" in requant_text
+    prefill = kernel.plan(expected_rows=256, max_m=512)
+    assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (128, 8, 4)
+    assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
+    mi300x = backend.build(SPEC, profile_target("mi300x")).plan(masked_m, expected_rows=2)
+    assert mi300x.mma_dtype == "float8_e4m3fnuz" and mi300x.tile.num_stages == 2
+    assert mi300x.tile.block_m == 16  # MFMA has FP8 at M = 16
+    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).plan(masked_m, expected_rows=2)
+    assert l40s.tile.block_m == 16  # sm_89: FP8 mma.sync at M = 16
+
+
+def test_bad_arguments_name_what_is_wrong():
+    pytest.importorskip("triton")
+    from backends.w4afp8.kernel import W4AFp8MaskedKernel
+    from hal.synth import random_masked_inputs, random_weights
+
+    with pytest.raises(ValueError, match="variant='fast'"):
+        W4AFp8MaskedKernel(SPEC, Target("cuda:0", Caps(gpus=(L40S,))), "fast")
+    spec = MoESpec(num_experts=2, top_k=1, hidden_size=256, intermediate_size=128,
+                   weight_format="w4afp8", layout="masked")
+    kernel = W4AFp8MaskedKernel(spec, Target("cpu", Caps()))
+    weights = random_weights(spec, seed=1)
+    for name in ("w13_input_scale", "w2_input_scale"):
+        for value in (0.0, float("inf")):
+            import attrs
+
+            bad = attrs.evolve(weights, **{name: torch.tensor(value)})
+            with pytest.raises(ValueError, match=name):
+                kernel.prepare_weights(bad)
+    prepared = kernel.prepare_weights(weights)
+    x, scale, masked_m = random_masked_inputs(2, 256, 3, [3, 1], fp8_dtype=torch.float8_e4m3fnuz)
+    with pytest.raises(ValueError, match="x has dtype"):
+        kernel(x, scale, masked_m, prepared)
+    x, scale, masked_m = random_masked_inputs(2, 256, 3, [3, 1])
+    with pytest.raises(ValueError, match="masked_m"):
+        kernel(x, scale, torch.tensor([4, 1], dtype=torch.int32), prepared)
+    with pytest.raises(ValueError, match="out must be"):
+        kernel(x, scale, masked_m, prepared, out=torch.empty(2, 3, 256))

@@ -1,0 +1,48 @@
+"""The w4afp8 kernels compiled ahead of time for sm_90, sm_89 and gfx942 on any machine (Triton
+compiles without the GPU): they must lower to FP8 matrix instructions where the target has them
+and fit in shared memory with room for several programs per SM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parents[2]
+# bytes: at most a third of an H100/H200 SM's 228 KB, so three programs can share one.
+MAX_SHARED = 76 * 1024
+
+
+def compiled(target: str) -> list:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, str(ROOT / "tests/w4afp8/aot_compile.py"), target], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode and ("GPUTarget" in done.stderr or "ASTSource" in done.stderr):
+        pytest.skip(f"this Triton cannot compile ahead of time: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_sm90_uses_fp8_wgmma_at_every_tile():
+    for case in compiled("cuda:90"):
+        assert case["shared"] <= MAX_SHARED, case
+        assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
+
+
+def test_sm89_uses_fp8_mma_sync():
+    for case in compiled("cuda:89"):
+        assert case["shared"] <= MAX_SHARED, case
+        assert any("e4m3.e4m3" in m for m in case["mma"]), case
+
+
+def test_gfx942_uses_fp8_mfma():
+    for case in compiled("hip:gfx942"):
+        assert case["shared"] <= MAX_SHARED, case
+        assert any("mfma" in m and "fp8" in m for m in case["mma"]), case

@@ -1,0 +1,190 @@
+"""The w4afp8 Triton kernels in Triton's interpreter on CPU, against the float64 oracle
+(backends.reference.ops). The MMA runs in fp32 here (the interpreter has no FP8 MMA) on the same
+FP8 and int4 values; tiny shapes, because the interpreter runs every program in numpy."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from backends.reference import dequant, ops
+from hal.backend import Target
+from hal.caps import Caps
+from hal.spec import MoESpec
+from hal.synth import random_masked_inputs, random_weights
+from hal.testing import ACCURACY, is_poison, poison, rel_err
+
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("interpreter")]
+
+E, H, I = 4, 256, 128
+MASKS = {
+    "ragged": [3, 0, 7, 1],
+    "all_empty": [0, 0, 0, 0],
+    "full": [7, 7, 7, 7],
+    "one_expert_takes_all": [0, 7, 0, 0],
+}
+CPU = Target("cpu", Caps())
+
+
+def spec_of(activation="silu", hidden=H, inter=I, experts=E):
+    return MoESpec(num_experts=experts, top_k=1, hidden_size=hidden, intermediate_size=inter,
+                   weight_format="w4afp8", layout="masked", activation=activation)
+
+
+def build(spec, variant="fused"):
+    from backends.w4afp8.kernel import W4AFp8MaskedKernel
+
+    return W4AFp8MaskedKernel(spec, CPU, variant)
+
+
+def oracle(spec, x, scale, masked_m, weights):
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    return ops.moe_masked(spec, x, scale, masked_m, weights, out, compute_dtype=torch.float64)
+
+
+def check_live_rows(out, ref, masked_m):
+    """Every live row close to the oracle, every dead row still poison."""
+    for e, m in enumerate(masked_m.tolist()):
+        assert bool(is_poison(out[e, m:]).all()), f"expert {e}: a row >= masked_m was written"
+        if m:
+            assert not bool(is_poison(out[e, :m]).any()), f"expert {e}: a live row was not written"
+            err = rel_err(out[e, :m], ref[e, :m])
+            assert err <= ACCURACY, f"expert {e}: rel err {err:.2e}"
+
+
+def fp8_order(t: torch.Tensor) -> torch.Tensor:
+    """FP8 codes (sign-magnitude) as ordered integers: adjacent representable values differ by 1."""
+    bits = t.view(torch.uint8).to(torch.int32)
+    magnitude = bits & 0x7F
+    return torch.where(bits >= 0x80, -magnitude, magnitude)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("layout", ["column", "row"])
+def test_both_feeds_match_the_oracle_and_each_other(mask, layout):
+    spec = spec_of()
+    weights = random_weights(spec, seed=3)
+    x, scale, masked_m = random_masked_inputs(E, H, 7, MASKS[mask], seed=len(mask), scale_layout=layout)
+    ref = oracle(spec, x, scale, masked_m, weights)
+    outs = {}
+    for variant in ("fused", "requant"):
+        kernel = build(spec, variant)
+        out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+        kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=3, out=out)
+        check_live_rows(out, ref, masked_m)
+        outs[variant] = out
+    # The same rounding point in registers as in the requant op: the same bytes.
+    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "relu2"])
+def test_other_activations(activation):
+    spec = spec_of(activation)
+    weights = random_weights(spec, seed=5)
+    x, scale, masked_m = random_masked_inputs(E, H, 5, [5, 2, 0, 4], seed=6)
+    kernel = build(spec)
+    out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+    kernel(x, scale, masked_m, kernel.prepare_weights(weights), out=out)
+    check_live_rows(out, oracle(spec, x, scale, masked_m, weights), masked_m)
+
+
+def test_rows_beyond_the_m_grid_are_walked_by_the_same_programs():
+    """expected_rows=1 sizes one 16-row m-program per expert; 40 rows need three m-blocks, and an
+    odd max_m leaves a partial last block."""
+    spec = spec_of(experts=2)
+    weights = random_weights(spec, seed=8)
+    x, scale, masked_m = random_masked_inputs(2, H, 41, [40, 17], seed=9)
+    kernel = build(spec)
+    plan = kernel.plan(masked_m, expected_rows=1, max_m=41)
+    assert plan.m_programs == 1 and plan.tile.block_m == 16
+    out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+    kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=1, out=out)
+    check_live_rows(out, oracle(spec, x, scale, masked_m, weights), masked_m)
+
+
+def test_masked_m_above_max_m_stays_inside_the_buffer_without_check():
+    """check=False: a masked_m past max_m must not read or write another expert's rows."""
+    spec = spec_of(experts=2)
+    weights = random_weights(spec, seed=10)
+    x, scale, _ = random_masked_inputs(2, H, 3, [3, 3], seed=11)
+    kernel = build(spec)
+    out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+    bad = torch.tensor([1000, 0], dtype=torch.int32)
+    kernel(x, scale, bad, kernel.prepare_weights(weights), out=out, check=False)
+    assert not bool(is_poison(out[0]).any()) and bool(is_poison(out[1]).all())
+
+
+def _int4_weights(spec, seed):
+    weights = random_weights(spec, seed=seed)
+    from backends.w4afp8 import layer
+
+    return weights, layer.prepare(spec, weights, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_gemm2_unpacks_nibbles_and_scales_each_group(fp8):
+    """GEMM 2 alone has one rounding, the bf16 store: on random FP8 inputs it must equal the
+    float64 product on the dequantized int4 weights to bf16 precision, element by element. A
+    nibble out of order or a scale on the wrong group is far off."""
+    from backends.w4afp8 import configs, layer
+
+    spec = spec_of(inter=256)
+    weights, data = _int4_weights(spec, seed=12)
+    counts = [5, 0, 2, 5]
+    limit = torch.finfo(fp8).max
+    h = (torch.randn(E, 5, spec.intermediate_size) * 60).clamp(-limit, limit).to(fp8)
+    masked_m = torch.tensor(counts, dtype=torch.int32)
+    out = poison(torch.empty(E, 5, H, dtype=torch.bfloat16))
+    tile = configs.gemm_tile(5, None)
+    layer.gemm2(spec, h, masked_m, data, out, tile, 1, torch.float32)
+    w2 = dequant.w2(spec, weights, torch.float64)
+    a2 = float(weights.w2_input_scale)
+    for e, m in enumerate(counts):
+        want = (h[e, :m].double() * a2) @ w2[e].T
+        # one bf16 ulp: the store's rounding plus fp32 accumulation that may cross a rounding boundary
+        ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)
+        assert bool(((out[e, :m].double() - want).abs() <= ulp).all())
+        assert bool(is_poison(out[e, m:]).all())
+
+
+def test_gemm1_writes_the_contracts_fp8_within_one_step():
+    """GEMM 1's FP8 output against the oracle's GEMM 1 + activation + requant: the fp32 kernel and
+    the float64 oracle may round an activation onto neighbouring FP8 values, never further apart."""
+    from backends.w4afp8 import configs, layer
+
+    spec = spec_of()
+    weights, data = _int4_weights(spec, seed=13)
+    counts = [6, 1, 0, 3]
+    x, scale, masked_m = random_masked_inputs(E, H, 6, counts, seed=14)
+    h = poison(torch.empty(E, 6, I, dtype=x.dtype))
+    layer.gemm1(spec, x, scale, masked_m, data, h, configs.gemm_tile(6, None), 1, torch.float32)
+    xq = ops.requant_fp8(x, scale, masked_m, weights.w13_input_scale, torch.empty_like(x))
+    a13, a2 = weights.w13_input_scale.double(), weights.w2_input_scale.float()
+    w13 = dequant.w13(spec, weights, torch.float64)
+    for e, m in enumerate(counts):
+        assert bool(is_poison(h[e, m:]).all())
+        if not m:
+            continue
+        act = ops.activation.apply(spec, (xq[e, :m].double() * a13) @ w13[e].T).float()
+        steps = (fp8_order(h[e, :m]) - fp8_order(ops.quantize_fp8(act, 1.0 / a2, x.dtype))).abs()
+        assert int(steps.max()) <= 1 and float((steps > 0).float().mean()) < 0.05
+
+
+def test_in_register_requant_rounds_like_torch():
+    """The fused feed's rounding point against the requant op's torch contract, on values that
+    saturate (|x * s| up to ~ 9 with s13 = 2 / 448) and values near FP8 boundaries."""
+    from backends.w4afp8 import configs, layer
+
+    spec = spec_of(activation="relu2", experts=2)
+    weights, data = _int4_weights(spec, seed=15)
+    x, scale, masked_m = random_masked_inputs(2, H, 4, [4, 4], seed=16)
+    small = torch.tensor([2.0 / 448])
+    fused, requant = (poison(torch.empty(2, 4, I, dtype=x.dtype)) for _ in range(2))
+    tile = configs.gemm_tile(4, None)
+    data = attrs.evolve(data, w13_input_scale=small)
+    layer.gemm1(spec, x, scale, masked_m, data, fused, tile, 1, torch.float32)
+    xq = ops.requant_fp8(x, scale, masked_m, small, torch.empty_like(x))
+    assert float(xq.float().abs().max()) == 448.0, "expected some values to saturate"
+    layer.gemm1(spec, xq, None, masked_m, data, requant, tile, 1, torch.float32)
+    assert torch.equal(fused.view(torch.uint8), requant.view(torch.uint8))
