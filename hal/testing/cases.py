@@ -61,21 +61,16 @@ def isolated_spec(spec) -> bool:
 
 
 def op_of(spec) -> str:
-    """The op a spec asks for (DESIGN.md "Ops"): "moe", "moe_masked" or "requant"."""
-    if isinstance(spec, RequantSpec):
-        return "requant"
-    return "moe_masked" if spec.layout == "masked" else "moe"
+    """The op a spec asks for, from hal.ops (the table the registry reads): "moe", "moe_masked" or
+    "requant"."""
+    from hal import ops
+
+    return ops.op_of(spec).name
 
 
 def serves(backend, spec) -> bool:
-    """Whether the backend declares the op the registry files this spec under. Before the masked
-    layout had an op of its own the registry filed both layouts under "moe"."""
-    from hal import registry
-
-    op = op_of(spec)
-    if op in backend.ops:
-        return True
-    return op == "moe_masked" and registry.OPS.get(MoESpec) == "moe" and "moe" in backend.ops
+    """Whether the backend declares the op of this spec."""
+    return op_of(spec) in backend.ops
 
 
 def interpreted(device: str, notes) -> bool:

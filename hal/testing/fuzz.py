@@ -54,8 +54,10 @@ class Pool:
             if found.backend is None:
                 continue
             for spec_id, spec in bases.items():
+                if not serves(found.backend, spec):  # check() is only asked about ops it serves
+                    continue
                 verdict = found.backend.check(spec, target)
-                if serves(found.backend, spec) and verdict.ok:
+                if verdict.ok:
                     case = Case(found.name, device, spec_id, spec, caps, verdict.notes)
                     if interpreted_ok or not case.interpreted:
                         self.cases[op_of(spec)].append(case)

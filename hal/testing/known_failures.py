@@ -21,31 +21,7 @@ class KnownFailure:
                 and (self.where is None or self.where(case.spec)))
 
 
-def _is_ep(spec) -> bool:
-    return spec.is_ep
-
-
-KNOWN_FAILURES = (
-    KnownFailure(
-        "test_moe_dropped_routes_checked",
-        "hal.inputs.check_token_inputs raises ValueError for topk_ids == -1 with check=True "
-        "(DESIGN.md: -1 is a dropped route that adds nothing)"),
-    KnownFailure(
-        "test_moe_dropped_routes_unchecked",
-        "under expert parallelism a -1 id is looked up as expert_map[-1] (the last global "
-        "expert), so the route is computed instead of dropped",
-        frozenset({"reference", "cpu_brgemm"}), _is_ep),
-    KnownFailure(
-        "test_moe_dropped_routes_checked",
-        "under expert parallelism a -1 id is looked up as expert_map[-1] (the last global "
-        "expert), so the route is computed instead of dropped",
-        frozenset({"reference", "cpu_brgemm"}), _is_ep),
-    KnownFailure(
-        "test_moe_unchecked_out_of_range_ids",
-        "with check=False, cpu_brgemm indexes its routing tables (and expert_map) with ids outside "
-        "[-1, num_experts): the process dies with SIGSEGV",
-        frozenset({"cpu_brgemm"})),
-) + tuple(
+KNOWN_FAILURES = tuple(
     KnownFailure(
         test,
         "the reference masked kernel (and the requant backend's w4afp8 GEMM stages, which call it) "
