@@ -13,6 +13,7 @@ group "hal.backends"; hal/ never imports a backend module by name.
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Protocol, runtime_checkable
 
 import attrs
@@ -24,6 +25,12 @@ from hal.verdict import Verdict
 RANK_REFERENCE = 0  # the portable oracle: below every fast path
 RANK_PORTABLE_FAST = 50  # a compiled kernel that runs on any CPU/GPU of its kind
 RANK_SPECIALIZED = 100  # a kernel built for this exact hardware feature (AMX, mma.sync, ...)
+
+
+def triton_interpreting() -> bool:
+    """Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1), so a Triton backend can
+    run on the CPU: correctly, and far too slowly to be chosen unless a caller names it."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @attrs.frozen

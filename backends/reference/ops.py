@@ -45,8 +45,9 @@ def ffn(spec: MoESpec, x: torch.Tensor, expert: tuple) -> torch.Tensor:
 def local_ids(spec: MoESpec, topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
     """Global routed ids -> local expert ids, -1 for a route that adds nothing: an id of -1 (a
     dropped route), an id outside [0, num_experts), an expert on another rank, or an expert_map
-    value outside [0, local_experts). The last two cases are invalid input that check=True rejects;
-    with check=False every kernel routes them the same way, so they never index the weights."""
+    value outside [0, local_experts). An id outside [-1, num_experts) and a map value outside
+    [-1, local_experts) are invalid input that check=True rejects; with check=False every kernel
+    routes them the same way, so they never index the weights."""
     ids = topk_ids.long()
     valid = (ids >= 0) & (ids < spec.num_experts)
     local = torch.where(valid, ids, -1)

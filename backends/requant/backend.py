@@ -5,8 +5,8 @@ Triton is a failed build with its reason, and selection builds the next backend.
 from __future__ import annotations
 
 from backends.requant.plan import GEMM_NOTE
-from backends.requant.support import gpu_problems, interpreting
-from hal.backend import RANK_PORTABLE_FAST
+from backends.requant.support import gpu_problems
+from hal.backend import RANK_PORTABLE_FAST, triton_interpreting
 from hal.ops import op_of
 from hal.spec import MoESpec
 from hal.verdict import Verdict
@@ -24,7 +24,7 @@ def spec_problems(spec) -> list:
 
 def target_problems(target) -> list:
     if target.is_cpu:
-        if interpreting():
+        if triton_interpreting():
             return []
         return ["needs a GPU: on CPU its Triton kernels run only under TRITON_INTERPRET=1"]
     return gpu_problems(target.gpu)

@@ -10,7 +10,8 @@ import attrs
 import torch
 
 from backends.requant import tuning
-from backends.requant.support import gpu_problems, interpreting
+from backends.requant.support import gpu_problems
+from hal.backend import triton_interpreting
 from hal.caps import GpuCaps
 
 FP8_DTYPES = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
@@ -57,7 +58,7 @@ def device_traits(device: torch.device, gpu: Optional[GpuCaps] = None) -> Device
         return traits_from_gpu(gpu, f"given caps of {gpu.name or gpu.arch}")
     if device.type == "cuda":
         return _live_traits(device.index if device.index is not None else torch.cuda.current_device())
-    if device.type == "cpu" and interpreting():
+    if device.type == "cpu" and triton_interpreting():
         return DeviceTraits(tuning.INTERPRETER_WARP_SIZE, torch.float8_e4m3fn,
                             "Triton interpreter (TRITON_INTERPRET=1)")
     raise ValueError(f"x is on {device}: the requant runs on a GPU, or on CPU under "

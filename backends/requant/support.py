@@ -3,18 +3,12 @@ this on every `hal probe`, so it imports neither torch nor Triton."""
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from backends.requant import tuning
 from hal.caps import GpuCaps
 
 FP8_ENCODINGS = ("ocp", "fnuz")  # the encodings device.FP8_DTYPES maps to torch dtypes
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def gpu_problems(gpu: Optional[GpuCaps]) -> list:

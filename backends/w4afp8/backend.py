@@ -4,20 +4,13 @@ Triton is a failed build with its reason, and selection builds the next backend.
 
 from __future__ import annotations
 
-import os
-
-from hal.backend import RANK_SPECIALIZED
+from hal.backend import RANK_SPECIALIZED, triton_interpreting
 from hal.spec import MoESpec
 from hal.verdict import Verdict
 
 NAME = "w4afp8"
 # NVIDIA compute capability of the first FP8 MMA (Ada, sm_89), which Triton's tl.dot lowers to.
 MIN_NVIDIA_FP8_MMA = (8, 9)
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its numpy interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def spec_problems(spec) -> list:
@@ -56,7 +49,7 @@ def gpu_problems(gpu) -> list:
 
 def target_problems(target) -> list:
     if target.is_cpu:
-        if interpreting():
+        if triton_interpreting():
             return []
         return ["needs a GPU with FP8 MMA: on CPU its Triton kernels run only under TRITON_INTERPRET=1"]
     return gpu_problems(target.gpu)

@@ -87,31 +87,33 @@ inline Path block_path(Policy policy, bool brgemm_supported, bool global_brgemm,
   return can_use_brgemm(brgemm_supported, m_size, n_size) ? Path::kBrgemm : Path::kTiny;
 }
 
-// The local expert of one route, or -1 when the route adds nothing: an id of -1 (a dropped route),
-// an id outside [0, num_experts), an expert on another rank, or an expert_map value outside
-// [0, local_experts). Validation rejects the invalid cases only with check=True, so this is the one
-// place that keeps every later index (the map, the counts, the weights) in bounds. It runs once per
-// route, never in the GEMM loops.
-template <typename IdT>
-inline int32_t local_expert(IdT id, const int32_t* expert_map, int64_t num_experts, int64_t local_experts) {
-  const int64_t global = static_cast<int64_t>(id);
-  if (global < 0 || global >= num_experts) return -1;
-  const int64_t e = expert_map ? expert_map[global] : global;
-  return e >= 0 && e < local_experts ? static_cast<int32_t>(e) : -1;
-}
-
 // Counting sort of routes by local expert, stable in route order so results are deterministic.
 // expert_map (nullable) maps num_experts global ids to local ids or -1; without it global ids are
 // local ids.
+//
+// A route adds nothing (local -1) when its id is -1 (a dropped route) or any other value outside
+// [0, num_experts), when its expert is on another rank, or when the map sends it outside
+// [0, local_experts). Validation rejects the invalid cases only with check=True, so this pass is
+// what keeps every later index (the map, the counts, the weights) in bounds: each map value is
+// checked once into `local_of`, and a route costs one unsigned compare beyond what it always cost
+// (the map lookup, or nothing without a map).
 template <typename IdT>
 Routing route(const IdT* topk_ids, const float* topk_weights, int64_t tokens, int64_t topk,
               const int32_t* expert_map, int64_t num_experts, int64_t local_experts) {
   Routing r;
   const int64_t n = tokens * topk;
+  const int64_t ids = expert_map ? num_experts : std::min(num_experts, local_experts);
+  const uint64_t bound = static_cast<uint64_t>(ids);
+  std::vector<int32_t> local_of(expert_map ? num_experts : 0);
+  for (size_t g = 0; g < local_of.size(); ++g) {
+    const int32_t e = expert_map[g];
+    local_of[g] = e >= 0 && e < local_experts ? e : -1;
+  }
   std::vector<int32_t> local(n);
   std::vector<int64_t> count(local_experts + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t e = local_expert(topk_ids[i], expert_map, num_experts, local_experts);
+    const uint64_t g = static_cast<uint64_t>(static_cast<int64_t>(topk_ids[i]));  // -1 wraps high
+    const int32_t e = g >= bound ? -1 : expert_map ? local_of[g] : static_cast<int32_t>(g);
     local[i] = e;
     if (e >= 0) ++count[e + 1];
   }

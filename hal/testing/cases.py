@@ -9,6 +9,7 @@ from typing import Optional
 
 import attrs
 
+from hal import ops
 from hal.backend import Target
 from hal.caps import Caps
 from hal.spec import MoESpec, RequantSpec
@@ -61,10 +62,7 @@ def isolated_spec(spec) -> bool:
 
 
 def op_of(spec) -> str:
-    """The op a spec asks for, from hal.ops (the table the registry reads): "moe", "moe_masked" or
-    "requant"."""
-    from hal import ops
-
+    """The name of the op a spec asks for: "moe", "moe_masked" or "requant"."""
     return ops.op_of(spec).name
 
 

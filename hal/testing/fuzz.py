@@ -54,7 +54,7 @@ class Pool:
             if found.backend is None:
                 continue
             for spec_id, spec in bases.items():
-                if not serves(found.backend, spec):  # check() is only asked about ops it serves
+                if not serves(found.backend, spec):  # the registry asks only a backend of the op
                     continue
                 verdict = found.backend.check(spec, target)
                 if verdict.ok:

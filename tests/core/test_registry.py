@@ -256,7 +256,7 @@ def test_marlin_without_a_toolchain_fails_its_build_and_the_next_backend_runs(mo
                        weight_format="int4_g128")
     assert decide(int4, Target("cuda:0", caps), discover()).winner == "marlin"
     kernel = select_moe_kernel(int4, "cuda:0", caps=caps)
-    assert kernel.backend == "reference"
+    assert kernel.backend == "triton_moe"  # the next accepted backend by rank
     marlin = next(c for c in kernel.decision.candidates if c.name == "marlin")
     assert "build failed: ToolchainError" in marlin.verdict.summary()
     assert "nvcc was not found" in marlin.verdict.summary()

@@ -1,0 +1,219 @@
+"""The expert GEMMs over routes sorted into BLOCK_M blocks of one expert each.
+
+GEMM 1 gathers token rows of x, multiplies by the expert's gate and up tiles in the same program
+and applies the activation in registers, so only the [rows, I] activation reaches memory. GEMM 2
+reads those rows in sorted order, adds b2, multiplies by the route's top-k weight and writes one
+row per route for the top-k sum. Weights are dequantized in registers from their checkpoint
+format: fp8 block scales and int4 group scales multiply the weight tile of each K step (w8a8
+multiplies the fp32 partial product by both scales instead), mxfp4 e8m0 scales go to the
+exponents of the tile or to Triton's dot_scaled."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Weight formats as the kernels know them (constexpr codes).
+BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3
+# Activations.
+SILU, SWIGLU_OAI, RELU2 = 0, 1, 2
+FP8_E4M3_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                     scale_cols):
+    """[BK, BN] e4m3 tile of a row-major [N, K] weight and the [BN] block scale of this K step
+    (BK divides 128, so one scale column)."""
+    mask = (offs_k[:, None] < K) & row_ok[None, :]
+    w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None], mask=mask,
+                other=0.0)
+    s = tl.load(s_ptr + expert * stride_se + (rows // 128) * scale_cols + k0 // 128, mask=row_ok,
+                other=0.0)
+    return w, s
+
+
+@triton.jit
+def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                       BLOCK_K: tl.constexpr):
+    """The packed [BK/2, BN] e2m1 bytes and [BN, BK/32] e8m0 scales of one K step, as dot_scaled
+    takes them (bytes packed along K, the even k in the low nibble: the checkpoint's own order)."""
+    half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = (half[:, None] < K // 2) & row_ok[None, :]
+    packed = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * (K // 2) + half[:, None],
+                     mask=mask, other=0)
+    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    smask = row_ok[:, None] & (group[None, :] < K // 32)
+    e8m0 = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + group[None, :],
+                   mask=smask, other=0)
+    return packed, e8m0
+
+
+@triton.jit
+def _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                        BLOCK_K: tl.constexpr):
+    """The even-k and odd-k [BK/2, BN] fp32 tiles of an mxfp4 weight (bytes [N, K/2], the even k in
+    the low nibble; e8m0 scales [N, K/32]), built as fp32 bit patterns with the e8m0 exponent added
+    to the e2m1 one: exact, a few integer operations per value, no shuffles."""
+    half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = (half[:, None] < K // 2) & row_ok[None, :]
+    base = expert * stride_we + rows[None, :].to(tl.int64) * (K // 2)
+    packed = tl.load(w_ptr + base + half[:, None], mask=mask, other=0).to(tl.int32)
+    scale_base = expert * stride_se + rows[None, :].to(tl.int64) * (K // 32)
+    e8m0 = tl.load(s_ptr + scale_base + (half // 16)[:, None], mask=mask, other=0).to(tl.int32)
+    return _e2m1_scaled(packed & 0xF, e8m0), _e2m1_scaled(packed >> 4, e8m0)
+
+
+@triton.jit
+def _e2m1_scaled(nibble, e8m0):
+    """fp4 e2m1 (sign, 2-bit exponent e, 1-bit mantissa m) times 2^(e8m0 - 127) as fp32: the
+    biased fp32 exponent is e + e8m0 - 1 (e = 0 with m = 1 is 0.5: the same formula, mantissa 0).
+    Results below fp32's normal range flush to zero."""
+    magnitude = nibble & 7
+    exponent = (magnitude >> 1) + e8m0 - 1
+    mantissa = tl.where(magnitude >= 2, magnitude & 1, 0)
+    bits = tl.where((magnitude == 0) | (exponent <= 0), 0, (exponent << 23) | (mantissa << 22))
+    return (bits | ((nibble & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _int4_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, K, N_TOTAL, stride_we, stride_se,
+                      group_size, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BK, BN] tile of (q - 8) from GPTQ qweight [K/8, N] (eight nibbles along K, lowest first)
+    and the [BN] group scale of this K step (BK divides the group)."""
+    packs = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    mask = (packs[:, None] < K // 8) & col_ok[None, :]
+    q = tl.load(w_ptr + expert * stride_we + packs[:, None].to(tl.int64) * N_TOTAL + cols[None, :],
+                mask=mask, other=0)
+    shifts = tl.arange(0, 8) * 4
+    nibbles = (q[:, None, :] >> shifts[None, :, None]) & 0xF
+    w = tl.reshape(nibbles, (BLOCK_K, BLOCK_N)) - 8
+    s = tl.load(s_ptr + expert * stride_se + (k0 // group_size) * N_TOTAL + cols, mask=col_ok, other=0.0)
+    return w, s.to(tl.float32)
+
+
+@triton.jit
+def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, N_TOTAL, stride_we,
+              stride_se, scale_cols, group_size, FORMAT: tl.constexpr, A_FP8: tl.constexpr,
+              DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
+    in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
+    through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
+    scales in its own layouts) or through the fp32 bit patterns below."""
+    if FORMAT == 0:
+        w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None],
+                    mask=(offs_k[:, None] < K) & row_ok[None, :], other=0.0)
+        acc = tl.dot(a, w.to(a.dtype), acc)
+    elif FORMAT == 1:
+        w, s = _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                                scale_cols)
+        if A_FP8:
+            if DOT_F32:
+                w = w.to(tl.float32)
+            acc += tl.dot(a, w) * a_scale[:, None] * s[None, :]
+        else:
+            # Scaled before the dot, so the dots chain on one accumulator (asynchronous wgmma
+            # stays in flight); the scaled weight is rounded to the activation dtype once.
+            acc = tl.dot(a, (w.to(tl.float32) * s[None, :]).to(a.dtype), acc)
+    elif FORMAT == 2 and MXFP4_DOT_SCALED:
+        packed, e8m0 = _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                          BLOCK_K)
+        acc = tl.dot_scaled(a, None, A_FORMAT, packed, e8m0, "e2m1", acc)
+    elif FORMAT == 2:
+        w_even, w_odd = _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                            BLOCK_K)
+        a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+        acc = tl.dot(a_even, w_even.to(a.dtype), acc)
+        acc = tl.dot(a_odd, w_odd.to(a.dtype), acc)
+    else:
+        w, s = _int4_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
+                                 group_size, BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, (w.to(tl.float32) * s[None, :]).to(a.dtype), acc)
+    return acc
+
+
+@triton.jit
+def _quantize_rows(a, FP8_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Per-row (1 x BK) dynamic fp8 quantization: (q, scale) with a ~= q * scale."""
+    amax = tl.max(tl.abs(a), axis=1)
+    scale = tl.maximum(amax, 1e-12) / FP8_MAX
+    q = tl.clamp(a / scale[:, None], -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, sorted_routes_ptr, block_expert_ptr, topk_weights_ptr,
+    num_routes, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride, up_offset,
+    swiglu_alpha, swiglu_limit,
+    FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
+    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
+    (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
+    out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2)."""
+    # N tiles vary fastest: programs running together share one block's activation rows and walk
+    # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
+    # prefill and would otherwise be read once per N tile).
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_routes_ptr + rows_m)
+    live = route < num_routes
+    if FIRST:
+        a_rows = (route // TOP_K).to(tl.int64)
+    else:
+        a_rows = rows_m.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    GATED: tl.constexpr = FIRST and ACTIVATION != 2
+    gate_rows = offs_n * gate_stride
+    up_rows = gate_rows + up_offset
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] * K + offs_k[None, :],
+                    mask=live[:, None] & (offs_k[None, :] < K), other=0.0)
+        if A_FP8:
+            a, a_scale = _quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty, FP8_E4M3_MAX)
+        if DOT_F32:
+            a = a.to(tl.float32)
+        acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
+                        stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
+                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+        if GATED:
+            acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
+                               N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
+                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up += tl.load(bias_ptr + expert * N_TOTAL + up_rows, mask=n_ok, other=0.0)[None, :]
+    out_mask = live[:, None] & n_ok[None, :]
+    if FIRST:
+        if ACTIVATION == 0:
+            h = acc * tl.sigmoid(acc) * acc_up
+        elif ACTIVATION == 1:
+            gate = tl.minimum(acc, swiglu_limit)
+            up = tl.clamp(acc_up, -swiglu_limit, swiglu_limit)
+            h = gate * tl.sigmoid(swiglu_alpha * gate) * (up + 1.0)
+        else:
+            h = tl.maximum(acc, 0.0)
+            h = h * h
+        tl.store(out_ptr + rows_m[:, None].to(tl.int64) * N + offs_n[None, :],
+                 h.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        weight = tl.load(topk_weights_ptr + route, mask=live, other=0.0).to(tl.float32)
+        y = acc * weight[:, None]
+        tl.store(out_ptr + route[:, None].to(tl.int64) * N + offs_n[None, :],
+                 y.to(out_ptr.dtype.element_ty), mask=out_mask)

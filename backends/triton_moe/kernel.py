@@ -1,0 +1,274 @@
+"""The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
+de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
+launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
+ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two). Scratch sizes depend
+on the token count and top_k only, and nothing reads device values on the host, so a call can be
+captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import attrs
+import torch
+import triton
+
+from backends.triton_moe import configs
+from backends.triton_moe.gemm import moe_gemm_kernel
+from backends.triton_moe.plan import TritonMoEPlan
+from backends.triton_moe.routing import (
+    align_routes_kernel,
+    count_routes_kernel,
+    scatter_routes_kernel,
+    sum_routes_kernel,
+)
+from hal.backend import triton_interpreting
+from hal.caps import GpuCaps
+from hal.kernel import MoEKernel
+
+NAME = "triton_moe"
+LAUNCHES = 4  # at decode; prefill groups routes in two launches
+MXFP4_PATHS = ("dot_scaled", "bits")
+DEFAULT_MXFP4_PATH = "dot_scaled"
+SUM_BLOCK_H = 1024
+ALIGN_WARPS = 8
+ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
+# Up to this many routes one program groups them (one launch); beyond, count_routes and
+# scatter_routes share the work over up to ALIGN_MAX_PROGRAMS programs (two launches): one program
+# took 143 us for the 32768 routes of qwen3-30b-a3b at 4096 tokens on the H200.
+ALIGN_ONE_PROGRAM_ROUTES = 2048
+ALIGN_MAX_PROGRAMS = 32
+# The align kernel's block-owner step holds [blocks, bins] tiles: about this many elements.
+ALIGN_TILE_ELEMENTS = 8192
+WEIGHT_PATHS = {
+    "bf16": "bf16 weights straight to the tensor cores",
+    "fp8_block128": "e4m3 weights, 128x128 block scales applied per K step",
+    "mxfp4": "e2m1 + e8m0 dequantized in registers to the activation dtype (w4a16)",
+    "int4_g128": "uint4b8 dequantized in registers, group scales applied per K step (w4a16)",
+}
+
+
+@attrs.frozen
+class TritonMoEWeights:
+    w13: torch.Tensor
+    w2: torch.Tensor
+    s13: Optional[torch.Tensor]
+    s2: Optional[torch.Tensor]
+    b13: Optional[torch.Tensor]  # fp32 [E, w13 rows]
+    b2: Optional[torch.Tensor]  # fp32 [E, H]
+    expert_map: Optional[torch.Tensor]  # int32 [num_experts]
+    gate_stride: int  # w13 row of gate column n is n * gate_stride; up is that + up_offset
+    up_offset: int
+
+
+@attrs.frozen
+class Launches:
+    stages: list  # [(name, launch)] in order
+    scratch: dict  # name -> tensor: sorted_routes, block_expert, h (GEMM 1 out), y (GEMM 2 out)
+
+
+def _gpu_caps(target, device: torch.device) -> Optional[GpuCaps]:
+    """The target's GPU, with the two fields the config rule reads filled from the runtime where a
+    shallow probe left them out."""
+    gpu = target.gpu
+    if gpu is None or device.type != "cuda" or not torch.cuda.is_available():
+        return gpu
+    props = torch.cuda.get_device_properties(device)
+    found = {}
+    if gpu.sm_count is None:
+        found["sm_count"] = props.multi_processor_count
+    if gpu.smem_per_block_optin is None and hasattr(props, "shared_memory_per_block_optin"):
+        found["smem_per_block_optin"] = props.shared_memory_per_block_optin
+    return attrs.evolve(gpu, **found) if found else gpu
+
+
+def align_programs(routes: int) -> tuple:
+    """(programs, routes per program) of the route grouping: one program up to
+    ALIGN_ONE_PROGRAM_ROUTES, else chunks of at least ALIGN_CHUNK over at most ALIGN_MAX_PROGRAMS."""
+    if routes <= ALIGN_ONE_PROGRAM_ROUTES:
+        return 1, ALIGN_CHUNK
+    chunk = max(ALIGN_CHUNK, triton.next_power_of_2(triton.cdiv(routes, ALIGN_MAX_PROGRAMS)))
+    return triton.cdiv(routes, chunk), chunk
+
+
+def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+    """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
+    if t is None:
+        return None
+    order = torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)]).to(t.device)
+    return t.index_select(t.dim() - 1, order).contiguous()
+
+
+class TritonMoEKernel(MoEKernel):
+    backend = NAME
+
+    def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
+                 mxfp4_path: Optional[str] = None):
+        """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
+        dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
+        there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
+        (values built from bit patterns and two plain dots; the only one with fp32 dots)."""
+        super().__init__(spec, target)
+        self.fp8_act = fp8_act
+        self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
+        if mxfp4_path not in (None, *MXFP4_PATHS):
+            raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
+                             + ", ".join(MXFP4_PATHS))
+        self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
+        if fp8_act is not None:
+            self.variant = "w8a8" if fp8_act else "w8a16"
+        elif mxfp4_path is not None:
+            self.variant = mxfp4_path
+        self._gpu = None
+        self._configs: dict = {}
+
+    def baselines(self) -> dict:
+        """The other numerics or code path of the same layer, timed beside it by `hal bench`."""
+        if self.variant != "default":
+            return {}
+        if self.spec.weight_format == "fp8_block128":
+            return {"w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+        if self.spec.weight_format == "mxfp4" and not self.dot_f32:
+            other = "bits" if self.mxfp4_path == "dot_scaled" else "dot_scaled"
+            return {other: TritonMoEKernel(self.spec, self.target, mxfp4_path=other)}
+        return {}
+
+    # --- config --------------------------------------------------------------------------------
+    def config(self, tokens: int) -> configs.LaunchConfig:
+        bucket = configs.token_bucket(tokens)
+        chosen = self._configs.get(bucket)
+        if chosen is None:
+            if self._gpu is None:
+                self._gpu = _gpu_caps(self.target, self.device)
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act)
+            self._configs[bucket] = chosen
+        return chosen
+
+    def plan(self, topk_ids) -> TritonMoEPlan:
+        tokens = topk_ids if isinstance(topk_ids, int) else int(topk_ids.shape[0])
+        config = self.config(tokens)
+        _, blocks = configs.max_rows(tokens, self.spec, config.block_m)
+        path = WEIGHT_PATHS[self.spec.weight_format]
+        if self.spec.weight_format == "fp8_block128":
+            path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+        programs, _ = align_programs(tokens * self.spec.top_k)
+        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
+
+    # --- weights -------------------------------------------------------------------------------
+    def _prepare(self, weights) -> TritonMoEWeights:
+        spec = self.spec
+        expert_map = weights.expert_map
+        if expert_map is not None:
+            if expert_map.dim() != 1 or expert_map.numel() != spec.num_experts:
+                raise ValueError(f"weights.expert_map has shape {tuple(expert_map.shape)}: expected "
+                                 f"({spec.num_experts},)")
+            lo, hi = int(expert_map.min()), int(expert_map.max())
+            if lo < -1 or hi >= spec.local_experts:
+                raise ValueError(f"weights.expert_map holds values in [{lo}, {hi}]: expected local ids "
+                                 f"in [0, {spec.local_experts}) or -1")
+            expert_map = expert_map.to(torch.int32).contiguous()
+        w13, s13, b13 = weights.w13, weights.w13_scale, weights.b13
+        gate_stride, up_offset = 1, spec.intermediate_size
+        if spec.activation == "swiglu_oai":
+            if spec.weight_format == "int4_g128":
+                w13 = _deinterleave_columns(w13, spec.w13_rows)
+                s13 = _deinterleave_columns(s13, spec.w13_rows)
+                b13 = _deinterleave_columns(b13, spec.w13_rows)
+            else:
+                gate_stride, up_offset = 2, 1
+        bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
+        keep = (lambda t: None if t is None else t.contiguous())
+        return TritonMoEWeights(keep(w13), keep(weights.w2), keep(s13), keep(weights.w2_scale), bias(b13),
+                                bias(weights.b2), expert_map, gate_stride, up_offset)
+
+    # --- per call ------------------------------------------------------------------------------
+    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights,
+              num_routes: int, n: int, k: int, n_total: int, gate_stride: int, up_offset: int,
+              block_m: int, gemm: configs.GemmConfig, fp8_act: bool):
+        spec = self.spec
+        fmt = spec.weight_format
+        group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
+        grid = (block_expert.shape[0] * triton.cdiv(n, gemm.block_n),)
+        moe_gemm_kernel[grid](
+            a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
+            topk_weights, num_routes, n, k, n_total, w.stride(0), 0 if s is None else s.stride(0),
+            math.ceil(k / 128), group, gate_stride, up_offset,
+            float(spec.swiglu_alpha), float(spec.swiglu_limit),
+            FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
+            ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
+            A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
+            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
+            A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
+            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
+            num_warps=gemm.num_warps, num_stages=gemm.num_stages)
+
+    def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
+        for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
+            launch()
+
+    def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> Launches:
+        """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
+        a benchmark may time them one by one, a test read the scratch between them."""
+        spec = self.spec
+        M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
+        routes = M * spec.top_k
+        config = self.config(M)
+        bm = config.block_m
+        max_padded, max_blocks = configs.max_rows(M, spec, bm)
+        device = x.device
+        ids = topk_ids.contiguous()
+        weights = topk_weights.contiguous()
+        expert_map = data.expert_map
+        has_map = expert_map is not None
+        id_map = expert_map if has_map else ids  # any tensor where there is no map
+        sorted_routes = torch.empty(max_padded, dtype=torch.int32, device=device)
+        block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
+        bins = triton.next_power_of_2(spec.local_experts + 1)
+        cursor = torch.empty(bins, dtype=torch.int32, device=device)
+        h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
+        y = torch.empty(routes, H, dtype=x.dtype, device=device)
+
+        block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
+
+        def align():
+            align_routes_kernel[(1,)](
+                ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
+                max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
+                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+
+        programs, chunk = align_programs(routes)
+        counts = torch.empty(programs, bins, dtype=torch.int32, device=device)
+        cursors = torch.empty(programs, bins, dtype=torch.int32, device=device)
+
+        def count_routes():
+            count_routes_kernel[(programs,)](
+                ids, id_map, counts, sorted_routes, routes, spec.num_experts, max_padded,
+                LOCAL_EXPERTS=spec.local_experts, BINS=bins, CHUNK=chunk, HAS_MAP=has_map,
+                num_warps=ALIGN_WARPS)
+
+        def scatter_routes():
+            scatter_routes_kernel[(programs,)](
+                ids, id_map, counts, cursors, sorted_routes, block_expert, routes, spec.num_experts,
+                max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=chunk,
+                PROGRAMS_POW2=triton.next_power_of_2(programs), BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
+                num_warps=ALIGN_WARPS)
+
+        def gemm1():
+            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights,
+                       routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1,
+                       config.fp8_act)
+
+        def gemm2():
+            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights,
+                       routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
+
+        def top_k_sum():
+            sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
+                y, ids, id_map, out, routes, spec.num_experts, H, TOP_K=spec.top_k,
+                LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)
+
+        grouping = [("align", align)] if programs == 1 else [("count_routes", count_routes),
+                                                             ("scatter_routes", scatter_routes)]
+        return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
+                        dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, y=y))

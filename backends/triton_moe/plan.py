@@ -1,0 +1,25 @@
+"""The per-call decision of the Triton MoE kernel, as `kernel.plan(topk_ids)` and `hal select
+--tokens N` show it."""
+
+from __future__ import annotations
+
+import attrs
+
+from backends.triton_moe.configs import LaunchConfig
+
+
+@attrs.frozen
+class TritonMoEPlan:
+    tokens: int
+    config: LaunchConfig
+    max_blocks: int  # the GEMM grid along M: every routing of `tokens` tokens fits
+    launches: int  # dependent kernel launches per call
+    weight_path: str  # how the weights reach the tensor cores
+
+    def describe(self) -> str:
+        c = self.config
+        why = "; ".join(c.reasons)
+        return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
+                f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks}) -> GEMM1 "
+                f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "
+                f"top-k sum; {self.weight_path}. Why: {why}")

@@ -1,0 +1,114 @@
+"""Where triton_moe's time goes, and which launch configs beat the rule: each of the four launches
+timed alone, then the whole call under alternative configs, on public MoE layers. CUDA graphs of
+one call per rotated input set (as `hal bench moe`), medians.
+
+    python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8]
+                                           [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import attrs
+import torch
+
+import hal
+from backends.triton_moe import configs
+from backends.triton_moe.kernel import TritonMoEKernel
+from hal import presets
+from hal.backend import Target
+from hal.bench.moe import bench_weights, input_sets
+from hal.bench.timing import time_calls
+
+DEFAULT_POINTS = ("qwen3-30b-a3b:bf16:1", "qwen3-30b-a3b:bf16:4096", "gpt-oss-120b:mxfp4:1",
+                  "gpt-oss-120b:mxfp4:64", "deepseek-v3:fp8_block128:4096:w8a8")
+ROTATE = 4
+# Alternatives to the rule's config: (BLOCK_M, GEMM1 (BN, BK, warps, stages), GEMM2 (...)).
+PREFILL_CANDIDATES = (
+    (128, (128, 64, 8, 3), (128, 64, 8, 3)),
+    (128, (64, 64, 4, 4), (128, 64, 4, 4)),
+    (64, (64, 64, 4, 4), (128, 64, 4, 4)),
+    (64, (128, 64, 4, 3), (128, 64, 4, 3)),
+    (128, (64, 128, 8, 3), (128, 128, 8, 3)),
+)
+DECODE_CANDIDATES = (
+    (16, (32, 256, 4, 3), (32, 256, 4, 3)),
+    (16, (64, 128, 4, 4), (64, 128, 4, 4)),
+    (16, (32, 128, 2, 4), (32, 128, 2, 4)),
+    (16, (16, 256, 4, 3), (32, 128, 4, 4)),
+)
+
+
+def parse_point(point: str):
+    """model:format:tokens[:w8a8] -> (spec, tokens, fp8_act); deepseek-v3 runs as one EP8 rank."""
+    model, fmt, tokens, *mode = point.split(":")
+    overrides = {"num_local_experts": 32} if model == "deepseek-v3" else {}
+    return presets.get(model).spec(fmt, **overrides), int(tokens), (True if mode == ["w8a8"] else None)
+
+
+def _median_us(calls) -> float:
+    return time_calls("cuda", calls, warmup=3, iters=10).median_s * 1e6
+
+
+def stage_times(kernel, prepared, sets) -> dict:
+    outs = [torch.empty_like(x) for x, _, _ in sets]
+    per_set = [kernel.launches(x, tw, ti, prepared.data, o).stages
+               for (x, tw, ti), o in zip(sets, outs, strict=True)]
+    for launches in per_set:  # fill the scratch every stage reads
+        for _, launch in launches:
+            launch()
+    times = {}
+    for i, (name, _) in enumerate(per_set[0]):
+        times[name] = _median_us([launches[i][1] for launches in per_set])
+    times["call"] = _median_us([lambda ls=ls: [launch() for _, launch in ls] for ls in per_set])
+    return times
+
+
+def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
+    config = kernel.config(tokens)
+    kernel._configs[config.tokens_bucket] = attrs.evolve(
+        config, block_m=block_m, gemm1=configs.GemmConfig(*g1), gemm2=configs.GemmConfig(*g2),
+        reasons=("swept",))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", default=",".join(DEFAULT_POINTS))
+    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
+    args = parser.parse_args(argv)
+    target = Target("cuda:0", hal.probe(deep=True))
+    print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| point | config | grouping | gemm1 | gemm2 | top_k_sum | call (us) |")
+    print("|---|---|---|---|---|---|---|")
+    for point in args.points.split(","):
+        spec, tokens, fp8_act = parse_point(point)
+        weights, expert_map = bench_weights(spec, "cuda")
+        sets, _, _ = input_sets(spec, tokens, "uniform", ROTATE, "cuda", expert_map)
+        kernel = TritonMoEKernel(spec, target, fp8_act=fp8_act)
+        prepared = kernel.prepare_weights(weights)
+        rule = kernel.config(tokens)
+        candidates = [None]
+        if args.sweep:
+            candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
+        for candidate in candidates:
+            if candidate is not None:
+                with_config(kernel, tokens, *candidate)
+            label = kernel.config(tokens).describe()
+            try:
+                t = stage_times(kernel, prepared, sets)
+            except Exception as exc:  # a candidate that does not compile or fit is reported, not fatal
+                print(f"| {point} | {label} | failed: {type(exc).__name__}: {str(exc)[:80]} |||||")
+                continue
+            grouping = t.get("align", t.get("count_routes", 0.0) + t.get("scatter_routes", 0.0))
+            print(f"| {point} | {label} | {grouping:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | "
+                  f"{t['top_k_sum']:.1f} | {t['call']:.1f} |", flush=True)
+        kernel._configs.clear()
+        del prepared, weights, sets
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

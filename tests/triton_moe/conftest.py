@@ -1,0 +1,102 @@
+"""Fixtures of the triton_moe tests: the float64 oracle and the weights they share."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from backends.reference import activation, dequant, ops
+from hal.synth import random_expert_map, random_weights
+
+
+def _oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
+    """backends.reference in float64: dropped (-1) routes add nothing there too."""
+    return ops.moe_tokens(spec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float64)
+
+
+def _fp8_round_trip(v: torch.Tensor) -> torch.Tensor:
+    """Per-row, per-128-column dynamic e4m3 quantization and back, as the w8a8 kernels do it."""
+    rows, cols = v.shape
+    groups = torch.nn.functional.pad(v, (0, (-cols) % 128)).view(rows, -1, 128)
+    scale = groups.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / 448.0
+    q = (groups.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return (q.double() * scale.double()).view(rows, -1)[:, :cols]
+
+
+def _oracle_w8a8(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
+    """The float64 MoE with each GEMM's input round-tripped through per-row-and-128-column e4m3,
+    and the activation held in x's dtype between the GEMMs, as the w8a8 kernels do."""
+    ids = ops.local_ids(spec, topk_ids, weights.expert_map)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        rows, slots = torch.nonzero(ids == e, as_tuple=True)
+        h = _fp8_round_trip(x[rows].double()) @ dequant.w13(spec, weights, torch.float64, expert=e).T
+        if weights.b13 is not None:
+            h = h + weights.b13[e].double()
+        a = activation.apply(spec, h).to(x.dtype)
+        y = _fp8_round_trip(a.double()) @ dequant.w2(spec, weights, torch.float64, expert=e).T
+        if weights.b2 is not None:
+            y = y + weights.b2[e].double()
+        out.index_add_(0, rows, y * topk_weights[rows, slots].double().unsqueeze(1))
+    return out.to(x.dtype)
+
+
+def _weights_for(spec, seed: int, device) -> object:
+    w = random_weights(spec, device=device, seed=seed)
+    if spec.num_local_experts is not None:
+        w = attrs.evolve(w, expert_map=random_expert_map(spec, seed=seed + 1, device=device))
+    return w
+
+
+@pytest.fixture
+def oracle():
+    return _oracle
+
+
+@pytest.fixture
+def oracle_w8a8():
+    return _oracle_w8a8
+
+
+@pytest.fixture
+def weights_for():
+    return _weights_for
+
+
+def _fp8_casts_through_torch(convert_float):
+    """Triton's interpreter rounds fp32 -> e4m3 half-up and loses the carry into the exponent
+    (125.8 -> 64), unlike the GPU's round-to-nearest-even: route those casts through torch so
+    interpreter runs test the kernels' quantization, indexing and masks. The GPU tests check the
+    hardware cast."""
+    import numpy as np
+    import triton.language as tl
+
+    torch_dtypes = {tl.float8e4nv: torch.float8_e4m3fn}
+
+    def convert(values, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype in torch_dtypes:
+            fp32 = torch.from_numpy(np.ascontiguousarray(values).view(np.float32))
+            return fp32.to(torch_dtypes[output_dtype]).view(torch.uint8).numpy().reshape(values.shape)
+        return convert_float(values, input_dtype, output_dtype, rounding_mode)
+
+    return convert
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    """Run the kernels in Triton's interpreter on CPU. TRITON_INTERPRET=1 must be set before
+    pytest starts: Triton reads it when first imported."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("needs TRITON_INTERPRET=1 set before pytest starts (Triton reads it at import)")
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from triton.runtime import interpreter as triton_interpreter
+
+    if not hasattr(triton_interpreter, "_convert_float"):
+        pytest.skip("this Triton's interpreter has no _convert_float to route fp8 casts through")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_interpreter, "_convert_float",
+                      _fp8_casts_through_torch(triton_interpreter._convert_float))
+        yield

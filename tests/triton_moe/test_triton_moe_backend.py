@@ -1,0 +1,126 @@
+"""triton_moe's support questions and launch-config rule on recorded capability profiles: pure
+functions of (spec, caps), so they run anywhere, GPU or not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import hal
+from backends.triton_moe import backend, configs
+from hal import presets
+from hal.backend import Target
+from hal.caps import GpuCaps
+from hal.registry import decide, discover
+
+pytestmark = pytest.mark.profiles
+
+GPU_PROFILES = ("h100", "h200", "b200", "rtx5090", "mi300x", "rx7900xtx")
+FORMATS = ("bf16", "fp8_block128", "mxfp4", "int4_g128")
+
+
+def target(profile: str) -> Target:
+    return Target("cuda:0", hal.probe(profile=profile))
+
+
+def spec(fmt="bf16", **kw):
+    fields = dict(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768, weight_format=fmt)
+    fields.update(kw)
+    return hal.MoESpec(**fields)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nvidia_serves_every_format(fmt):
+    verdict = backend.check(spec(fmt), target("h200"))
+    assert verdict.ok, verdict.reasons
+
+
+def test_selection_on_h200():
+    """bf16, fp8 and mxfp4 go to triton_moe; int4 stays on marlin, ranked above it."""
+    found = discover()
+    for fmt in ("bf16", "fp8_block128", "mxfp4"):
+        assert decide(spec(fmt), target("h200"), found).winner == "triton_moe"
+    int4 = decide(spec("int4_g128"), target("h200"), found)
+    assert int4.winner == "marlin"
+    assert any(c.name == "triton_moe" and c.verdict.ok for c in int4.candidates)
+
+
+def test_amd_gets_int4_and_fp8_on_cdna3_only():
+    assert backend.check(spec("int4_g128"), target("mi300x")).ok
+    assert backend.check(spec("fp8_block128"), target("mi300x")).ok
+    rdna3 = backend.check(spec("fp8_block128"), target("rx7900xtx"))
+    assert not rdna3.ok and any("fp8" in r for r in rdna3.reasons)
+    assert backend.check(spec("mxfp4"), target("rx7900xtx")).ok
+
+
+def test_cpu_only_under_the_interpreter(monkeypatch):
+    cpu = Target("cpu", hal.Caps())
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    verdict = backend.check(spec(), cpu)
+    assert not verdict.ok and "TRITON_INTERPRET" in verdict.reasons[0]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    verdict = backend.check(spec(), cpu)
+    assert verdict.ok and verdict.explicit_only  # run when named, never chosen on CPU by default
+
+
+def test_every_reason_is_collected(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    masked = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
+                         weight_format="w4afp8", layout="masked")
+    verdict = backend.check(masked, Target("cpu", hal.Caps()))
+    assert len(verdict.reasons) == 3, verdict.reasons  # layout, format, no GPU
+
+
+def _stage_bytes(config, gemm, tiles, fmt):
+    bits = {"bf16": 16, "fp8_block128": 8, "mxfp4": 4, "int4_g128": 4}[fmt]
+    a_bits = 8 if config.fp8_act else 16
+    return config.block_m * gemm.block_k * a_bits / 8 + tiles * gemm.block_n * gemm.block_k * bits / 8
+
+
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+@pytest.mark.parametrize("model", sorted(presets.PRESETS))
+def test_config_rule_is_valid_everywhere(profile, model):
+    gpu = hal.probe(profile=profile).gpus[0]
+    preset = presets.get(model)
+    for fmt in preset.formats:
+        if fmt == "w4afp8":
+            continue
+        s = preset.spec(fmt)
+        for tokens in (0, 1, 8, 64, 512, 4096, 65536):
+            c = configs.choose(s, gpu, tokens)
+            assert c.block_m in (16, 32, 64, 128)
+            assert c.fp8_act is False  # w8a8 only on request
+            for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
+                assert gemm.block_n in (32, 64, 128) and gemm.num_warps in (4, 8)
+                assert gemm.block_k >= (64 if fmt == "mxfp4" else 32)
+                if fmt in ("fp8_block128", "int4_g128"):
+                    assert 128 % gemm.block_k == 0  # one block / group scale per K step
+                if fmt == "mxfp4":
+                    assert gemm.block_k % 64 == 0  # whole e8m0 groups in each half tile
+                assert gemm.num_stages == 2 if gpu.vendor == "amd" else 2 <= gemm.num_stages <= 4
+                assert _stage_bytes(c, gemm, tiles, fmt) * gemm.num_stages <= gpu.smem_per_block_optin
+            assert len(c.reasons) >= 2
+
+
+def test_decode_tiles_shrink_to_fill_the_sms():
+    gpu = hal.probe(profile="h200").gpus[0]
+    c = configs.choose(spec(), gpu, 1)
+    programs = 8 * math.ceil(768 / c.gemm1.block_n)
+    assert c.block_m == 16 and (programs >= 2 * gpu.sm_count or c.gemm1.block_n == 32)
+
+
+def test_fp8_act_on_request_needs_fp8_tensor_cores():
+    a100 = GpuCaps(vendor="nvidia", arch="sm_80", sm_count=108, smem_per_block_optin=166912)
+    assert not configs.choose(spec("fp8_block128"), a100, 4096, fp8_act=True).fp8_act
+    h200 = hal.probe(profile="h200").gpus[0]
+    assert configs.choose(spec("fp8_block128"), h200, 4096, fp8_act=True).fp8_act
+
+
+def test_plan_describes_the_call():
+    from backends.triton_moe.kernel import TritonMoEKernel
+
+    kernel = TritonMoEKernel(spec("fp8_block128"), target("h200"))
+    text = kernel.plan(4096).describe()
+    assert "BLOCK_M 128" in text and "5 launches" in text and "w8a16" in text
+    assert "4 launches" in kernel.plan(1).describe()

@@ -1,0 +1,152 @@
+"""triton_moe's Triton kernels in the interpreter on CPU (TRITON_INTERPRET=1), tiny shapes: the
+route grouping against a torch grouping, and whole layers against the float64 oracle for every
+weight format and activation, with bias, EP maps and -1 routes. The interpreter's 16-bit dot is
+wrong and its fp32 -> bf16 cast truncates, so the layers run fp32 dots (dot_f32, the default
+there) on float16 activations; the GPU tests cover bf16."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+import hal
+from backends.triton_moe import kernel as kernel_module
+from backends.triton_moe.kernel import TritonMoEKernel
+from hal.backend import Target
+from hal.synth import random_expert_map, random_routing, random_tokens
+from hal.testing import ACCURACY, is_poison, poison, rel_err
+
+pytestmark = pytest.mark.usefixtures("interpreter")
+
+CPU = Target("cpu", hal.Caps())
+
+
+def small_spec(fmt="bf16", activation="silu", bias=False, ep=False, experts=6, top_k=2, H=256, I=128):
+    return hal.MoESpec(num_experts=experts, top_k=top_k, hidden_size=H, intermediate_size=I,
+                       weight_format=fmt, activation=activation, has_bias=bias, act_dtype="float16",
+                       num_local_experts=experts - 2 if ep else None)
+
+
+def expected_runs(spec, topk_ids, expert_map):
+    ids = topk_ids.long().flatten()
+    ok = (ids >= 0) & (ids < spec.num_experts)
+    local = torch.where(ok, ids.clamp(0, spec.num_experts - 1), 0)
+    if expert_map is not None:
+        local = expert_map.long()[local]
+    local = torch.where(ok, local, -1)
+    return {e: sorted(torch.nonzero(local == e).flatten().tolist()) for e in range(spec.local_experts)}
+
+
+@pytest.mark.parametrize("tokens", [7, 1500])  # one program, and two launches over several programs
+@pytest.mark.parametrize("ep", [False, True])
+def test_grouping_matches_torch(tokens, ep):
+    spec = small_spec(ep=ep, experts=9, top_k=2)
+    expert_map = random_expert_map(spec, seed=3) if ep else None
+    _, ids = random_routing(spec, tokens, "concentrated", seed=tokens)
+    ids[0, 0], ids[1, 1] = -1, spec.num_experts + 5  # dropped, and out of range with check=False
+    kernel = TritonMoEKernel(spec, CPU)
+    bm = kernel.config(tokens).block_m
+    sorted_routes, block_expert = _run_grouping(kernel, spec, ids, expert_map)
+    routes = tokens * spec.top_k
+    runs = {e: [] for e in range(spec.local_experts)}
+    for b, e in enumerate(block_expert.tolist()):
+        rows = sorted_routes[b * bm:(b + 1) * bm].tolist()
+        if e < 0:
+            assert all(r == routes for r in rows), "a row past the used blocks is not a pad"
+            continue
+        live = [r for r in rows if r != routes]
+        assert rows[:len(live)] == live, "pads sit inside a block before its routes"
+        runs[e] += live
+    used = block_expert[block_expert >= 0]
+    assert bool((used[1:] >= used[:-1]).all()), "blocks are not in expert order"
+    assert {e: sorted(r) for e, r in runs.items()} == expected_runs(spec, ids, expert_map)
+
+
+def _run_grouping(kernel, spec, ids, expert_map):
+    M = ids.shape[0]
+    x = torch.zeros(M, spec.hidden_size, dtype=torch.float16)
+    data = kernel_module.TritonMoEWeights(torch.zeros(1), torch.zeros(1), None, None, None, None,
+                                          expert_map, 1, spec.intermediate_size)
+    call = kernel.launches(x, torch.ones(ids.shape), ids, data, torch.empty_like(x))
+    names = [name for name, _ in call.stages]
+    one_program = M * spec.top_k <= kernel_module.ALIGN_ONE_PROGRAM_ROUTES
+    assert names[:-3] == (["align"] if one_program else ["count_routes", "scatter_routes"])
+    for _, launch in call.stages[:-3]:
+        launch()
+    return call.scratch["sorted_routes"], call.scratch["block_expert"]
+
+
+def run_layer(spec, M, oracle, weights_for, kernel=None, drop=0.15, seed=0):
+    kernel = kernel or TritonMoEKernel(spec, CPU)
+    w = weights_for(spec, seed, "cpu")
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=seed + 2)
+    tw, ti = random_routing(spec, M, seed=seed + 3)
+    ti = torch.where(torch.rand(ti.shape, generator=torch.Generator().manual_seed(seed)) < drop, -1, ti)
+    out = poison(torch.empty_like(x))
+    kernel(x, tw, ti, prepared, out=out, check=False)
+    assert not bool(is_poison(out).any()), "an output element was not written"
+    err = rel_err(out, oracle(spec, x, tw, ti, w))
+    assert err <= ACCURACY, f"{spec} M={M}: rel err {err:.3g} ({kernel.plan(M).describe()})"
+
+
+@pytest.mark.parametrize("fmt,activation,bias,ep", [
+    ("bf16", "silu", False, True),
+    ("bf16", "relu2", True, False),
+    ("fp8_block128", "swiglu_oai", True, True),
+    ("mxfp4", "swiglu_oai", True, False),
+    ("mxfp4", "silu", False, True),
+    ("int4_g128", "swiglu_oai", True, True),
+    ("int4_g128", "relu2", False, False),
+])
+def test_layer_matches_oracle(fmt, activation, bias, ep, oracle, weights_for):
+    H, I = {"bf16": (200, 72), "fp8_block128": (200, 136), "mxfp4": (224, 96),
+            "int4_g128": (256, 128)}[fmt]
+    run_layer(small_spec(fmt, activation, bias, ep, H=H, I=I), 5, oracle, weights_for)
+
+
+def test_int4_per_channel(oracle, weights_for):
+    """group_size -1: one scale per output column over all of K."""
+    spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,
+                       weight_format="int4_g128", group_size=-1, has_bias=True, act_dtype="float16")
+    run_layer(spec, 4, oracle, weights_for)
+
+
+def test_prefill_tiles(oracle, weights_for):
+    """64 routes per expert: BLOCK_M 64 and the prefill tile shapes."""
+    run_layer(small_spec("fp8_block128", bias=True, experts=4, top_k=2, H=200, I=136), 130, oracle,
+              weights_for)
+
+
+def test_w8a8(oracle_w8a8, weights_for):
+    spec = small_spec("fp8_block128", "silu", bias=True, ep=True, H=200, I=136)
+    run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))
+
+
+def test_mxfp4_dot_scaled(oracle, weights_for):
+    """Triton's dot_scaled path, in float16 (the interpreter evaluates it in 16 bits)."""
+    spec = small_spec("mxfp4", "swiglu_oai", bias=True, H=224, I=96)
+    kernel = TritonMoEKernel(spec, CPU, dot_f32=False, mxfp4_path="dot_scaled")
+    run_layer(spec, 5, oracle, weights_for, kernel=kernel)
+
+
+def test_all_dropped_and_zero_tokens(weights_for):
+    spec = small_spec(ep=True, H=64, I=32)
+    kernel = TritonMoEKernel(spec, CPU)
+    prepared = kernel.prepare_weights(weights_for(spec, 0, "cpu"))
+    x = random_tokens(spec, 3)
+    tw, ti = random_routing(spec, 3)
+    assert bool((kernel(x, tw, torch.full_like(ti, -1), prepared, check=False) == 0).all())
+    empty = kernel(x[:0], tw[:0], ti[:0], prepared)
+    assert empty.shape == (0, spec.hidden_size)
+
+
+def test_prepare_rejects_bad_expert_map(weights_for):
+    spec = small_spec(ep=True, H=64, I=32)
+    kernel = TritonMoEKernel(spec, CPU)
+    w = weights_for(spec, 0, "cpu")
+    bad = w.expert_map.clone()
+    bad[0] = spec.local_experts
+    with pytest.raises(ValueError, match="expert_map"):
+        kernel.prepare_weights(attrs.evolve(w, expert_map=bad))
