@@ -1,9 +1,10 @@
 """The W4AFP8 masked MoE kernel: both GEMMs, the activation and the FP8 requant between them on
 Triton, fed in one of two ways that write the same bytes:
 
-    fused    (default) GEMM 1 reads the per-token-group FP8 and requantizes it in registers;
-    requant  the requant op (selected through hal.select_requant_kernel) writes per-tensor FP8
-             first, then GEMM 1 reads it: the baseline `hal bench` times the fused feed against."""
+    requant  (default) the requant op (selected through hal.select_requant_kernel) writes
+             per-tensor FP8 first, then GEMM 1 reads it;
+    fused    GEMM 1 reads the per-token-group FP8 and requantizes it in registers: one launch
+             fewer, and 7-10% slower on an H200 (docs/backends/w4afp8.md), so it is the baseline."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from backends.w4afp8.plan import W4AFp8Plan
 from hal.kernel import MaskedMoEKernel
 
 NAME = "w4afp8"
-VARIANTS = ("fused", "requant")
+VARIANTS = ("requant", "fused")
 
 
 class W4AFp8MaskedKernel(MaskedMoEKernel):
     backend = NAME
 
-    def __init__(self, spec, target, variant: str = "fused"):
+    def __init__(self, spec, target, variant: str = "requant"):
         super().__init__(spec, target)
         if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r} is not allowed: expected one of {VARIANTS}")

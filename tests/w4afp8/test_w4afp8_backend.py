@@ -47,7 +47,7 @@ def test_selection_picks_it_on_fp8_mma_gpus(profile):
     pytest.importorskip("triton")
     target = profile_target(profile)
     kernel = hal.select_moe_kernel(SPEC, "cuda:0", caps=target.caps)
-    assert kernel.backend == "w4afp8" and kernel.variant == "fused"
+    assert kernel.backend == "w4afp8" and kernel.variant == "requant"
     assert "requant" in kernel.decision.explain()
 
 
@@ -99,15 +99,16 @@ def test_plans_say_which_feed_runs_and_why():
     masked_m = torch.tensor([1, 0, 3, 2, 0, 1, 1, 0], dtype=torch.int32)
     plan = kernel.plan(masked_m, expected_rows=2, max_m=128)
     text = plan.describe()
-    assert plan.variant == "fused" and "default" in text and "in registers" in text
+    assert plan.variant == "requant" and "default" in text and "requant op rewrites x" in text
+    assert "requant tuned" in text
     # sm_90: never below a warpgroup MMA's 64 rows, so the MMA stays FP8
     assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (64, 1, 32, 112)
     assert plan.mma_dtype == "float8_e4m3fn" and plan.rows == 8 and plan.live_experts == 5
     assert plan.programs == 1 * (32 + 112) * 8
-    baseline = kernel.baselines()["requant"]
-    assert baseline.variant == "requant" and set(baseline.baselines()) == {"fused"}
-    requant_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
-    assert "requant op rewrites x" in requant_text and "requant tuned" in requant_text
+    baseline = kernel.baselines()["fused"]
+    assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant"}
+    fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
+    assert "in registers" in fused_text and "baseline" in fused_text
     prefill = kernel.plan(expected_rows=256, max_m=512)
     assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (128, 8, 4)
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
