@@ -7,6 +7,7 @@ import os
 import shutil
 
 from backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS, FORMAT_CODES, SIZE_MULTIPLE
+from hal import jit
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, Target
 from hal.spec import MoESpec
 from hal.verdict import Verdict
@@ -76,6 +77,7 @@ class CpuBrgemmBackend:
         if shutil.which(compiler) is None:
             raise RuntimeError(f"no C++ compiler: {compiler!r} (CXX) is not on PATH, so the "
                                "cpu_brgemm extension cannot be built")
+        jit.usable_cache_dir()  # an unusable HAL_CACHE_DIR fails the build, not the first call
         return CpuBrgemmKernel(spec, target)
 
 

@@ -6,6 +6,7 @@ backend."""
 from __future__ import annotations
 
 from backends.marlin.build import arch_problems
+from hal import jit
 from hal.backend import RANK_SPECIALIZED
 from hal.verdict import Verdict
 
@@ -61,6 +62,7 @@ class MarlinBackend:
             problems = build.toolchain_problems(target.gpu.arch)
             if problems:
                 raise build.ToolchainError("; ".join(problems))
+            jit.usable_cache_dir()  # an unusable HAL_CACHE_DIR fails the build, not the first call
         return MarlinMoEKernel(spec, target)
 
 

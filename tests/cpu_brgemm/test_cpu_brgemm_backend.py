@@ -95,3 +95,17 @@ def test_a_kernel_built_for_an_amx_profile_refuses_to_run_without_amx():
     tw, ti = synth.random_routing(spec, 8)
     with pytest.raises(ValueError, match="built for profile 'emerald-rapids'"):
         kernel(x, tw, ti, kernel.prepare_weights(weights))
+
+
+def test_an_unusable_cache_dir_fails_the_build_and_names_the_variable(tmp_path, monkeypatch):
+    """A HAL_CACHE_DIR that cannot hold builds is found when the kernel is built, not at its first
+    call: selection records it in the trace and builds the next backend."""
+    import hal
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("HAL_CACHE_DIR", str(blocker))
+    kernel = hal.select_moe_kernel(_spec(), "cpu", caps=_target(AVX2).caps)
+    trace = kernel.decision.explain()
+    assert kernel.backend == "reference", trace
+    assert "build failed" in trace and f"HAL_CACHE_DIR={blocker}" in trace, trace
