@@ -19,7 +19,7 @@ from hal.integrations.transformers.unsupported import Unsupported
 from hal.spec import FP8_BLOCK, MoESpec, MoEWeights
 
 ACT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-# moe-hal's row order for gate/up per activation (docs/contract.md, "The MoE op").
+# moe-hal's row order for gate/up per activation (docs/contract.md, "What every backend computes").
 HAL_ORDER = {"silu": "concatenated", "swiglu_oai": "interleaved", "relu2": "single"}
 
 
