@@ -61,14 +61,14 @@ struct Routing {
   int64_t routes = 0;                 // local routes = rows of the compact caches
 };
 
-// The seed's predicate, decided per block by the caller: BRGEMM pays a setup that only blocks of
+// The baseline predicate, decided per block by the caller: BRGEMM pays a setup that only blocks of
 // more than kBrgemmMinRows rows (or a ragged last panel, which the micro-kernel does not cover)
 // win back.
 inline bool can_use_brgemm(bool brgemm_supported, int64_t m_size, int64_t n_size) {
   return brgemm_supported && (m_size > kBrgemmMinRows || n_size < kBlockN);
 }
 
-// The seed's layer-wide crossover, kept as the benchmark baseline: one answer for every block,
+// The layer-wide crossover, kept as the benchmark baseline: one answer for every block,
 // from the average routes per local expert.
 inline bool global_uses_brgemm(bool brgemm_supported, int64_t tokens, int64_t topk,
                                int64_t local_experts) {

@@ -1,5 +1,5 @@
 """Helpers for kernel tests, here and in third-party backends: poisoned outputs, the accuracy
-measure of DESIGN.md, the machine's own capabilities, and the conformance suite every backend
+measure of docs/contract.md, the machine's own capabilities, and the conformance suite every backend
 passes (`pytest --pyargs hal.testing.conformance`; the fuzz of invalid inputs is hal.testing.fuzz)."""
 
 from hal.testing.accuracy import ACCURACY, rel_err

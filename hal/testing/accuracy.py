@@ -1,10 +1,10 @@
-"""The accuracy measure of DESIGN.md: relative Frobenius error against a float64 evaluation."""
+"""The accuracy measure of docs/contract.md: relative Frobenius error against a float64 evaluation."""
 
 from __future__ import annotations
 
 import torch
 
-ACCURACY = 1e-2  # DESIGN.md: ||out - ref|| / ||ref|| against a float64 evaluation
+ACCURACY = 1e-2  # docs/contract.md: ||out - ref|| / ||ref|| against a float64 evaluation
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""The conformance suite: the call, plan and accuracy contracts of DESIGN.md, run over every backend
+"""The conformance suite: the call, plan and accuracy contracts of docs/contract.md, run over every backend
 registered under the "hal.backends" entry points, every op it declares and every device of this
 machine, for each spec of hal.testing.cases that the backend's check() accepts there.
 
@@ -205,7 +205,7 @@ def test_moe_non_local_routes(case):
 
 @conformance("moe", where=_two_or_more_routes)
 def test_moe_duplicate_ids(case):
-    """The same expert twice in a row: DESIGN.md's sum over j counts it twice, with each weight."""
+    """The same expert twice in a row: docs/contract.md's sum over j counts it twice, with each weight."""
     x, tw, ti = harness.token_inputs(case.spec, 6, case.device, seed=19)
     ti[:, 1] = ti[:, 0]
     _check_tokens(case, x, tw, ti)

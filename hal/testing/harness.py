@@ -75,7 +75,7 @@ def token_inputs(spec, M: int, device: str, seed: int, mode: str = "uniform", **
 
 
 def token_oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
-    """float64 evaluation of DESIGN.md's formula on the dequantized weights. A dropped route (-1)
+    """float64 evaluation of docs/contract.md's formula on the dequantized weights. A dropped route (-1)
     adds nothing: it is evaluated as a route of weight zero to expert 0, so the oracle does not
     depend on how its own indexing treats -1."""
     from backends.reference import ops  # the executable contract

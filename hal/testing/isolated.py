@@ -60,7 +60,7 @@ def _run_all(backend: str, device: str, spec_ids: tuple, timeout: float) -> dict
 
 
 def check_unchecked_out_of_range(backend: str, device: str, spec) -> None:
-    """DESIGN.md: with check=False an id outside [-1, E) is undefined in value but never reads or
+    """docs/contract.md: with check=False an id outside [-1, E) is undefined in value but never reads or
     writes out of bounds. Ids of num_experts, a large one and ones below -1 go in; the call may
     raise, but must not crash nor write outside out=."""
     import torch

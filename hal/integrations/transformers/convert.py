@@ -1,5 +1,5 @@
 """A transformers experts module in moe-hal's terms: the MoESpec of the layer and its weights as
-hal.MoEWeights (DESIGN.md, "Weight formats").
+hal.MoEWeights (docs/contract.md, "Weight formats").
 
 transformers stores experts in several layouts, described by the flags `use_experts_implementation`
 sets on the module: `is_transposed` ([E, in, out] instead of [E, out, in]), `is_concatenated`
@@ -19,7 +19,7 @@ from hal.integrations.transformers.unsupported import Unsupported
 from hal.spec import FP8_BLOCK, MoESpec, MoEWeights
 
 ACT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-# moe-hal's row order for gate/up per activation (DESIGN.md, "The MoE op").
+# moe-hal's row order for gate/up per activation (docs/contract.md, "What every backend computes").
 HAL_ORDER = {"silu": "concatenated", "swiglu_oai": "interleaved", "relu2": "single"}
 
 

@@ -159,7 +159,7 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
                                top_k_weights.reshape(x.shape[0], -1), x.dtype)
         try:
             # check=False: shapes and dtypes hold by construction, and an id outside [-1, E) never
-            # reads or writes out of bounds (DESIGN.md, "The MoE op").
+            # reads or writes out of bounds (docs/contract.md, "What every backend computes").
             return state.kernel(x, weights, ids, state.prepared, check=False).view_as(hidden_states)
         except Exception as exc:
             state.fall_back(f"the {state.kernel.backend} kernel raised {type(exc).__name__}: {exc}")
