@@ -9,6 +9,7 @@ import attrs
 
 MARLIN_TOKENS = "1,8,32,64,256,2048"
 CPU_TOKENS = "1,4,16,64,256,1024"
+TRITON_MOE_TOKENS = "1,8,64,512,4096"
 
 
 @attrs.frozen
@@ -43,6 +44,17 @@ SUITES = {s.name: s for s in (
                          "--tokens", MARLIN_TOKENS, "--iters", "10")),
               ("deepseek_ep8", ("moe", "--model", "deepseek-v3", "--format", "int4_g128",
                                 "--local-experts", "32", "--tokens", MARLIN_TOKENS, "--iters", "10")))),
+    Suite("triton_moe", "cuda", "the Triton fused MoE on the public layers it serves, bf16, "
+          "fp8_block128 and mxfp4, against rooflines measured in the same run", tuple(
+              (label, ("moe", *layer, "--backend", "triton_moe", "--tokens", TRITON_MOE_TOKENS,
+                       "--iters", "5", "--no-reference"))
+              for label, layer in (
+                  ("qwen3_bf16", ("--model", "qwen3-30b-a3b", "--format", "bf16")),
+                  ("qwen3_fp8", ("--model", "qwen3-30b-a3b", "--format", "fp8_block128")),
+                  ("dsv3_fp8_ep8", ("--model", "deepseek-v3", "--format", "fp8_block128",
+                                    "--local-experts", "32")),
+                  ("mixtral_bf16", ("--model", "mixtral-8x7b", "--format", "bf16")),
+                  ("gptoss120b_mxfp4", ("--model", "gpt-oss-120b", "--format", "mxfp4"))))),
     Suite("requant", "cuda", "the FP8 requant against the legacy launch geometry over the default "
           "grid, then decode points in DeepEP's fixed 1024-row buffer", (
               ("grid", ("requant", "--iters", "7")),
