@@ -15,6 +15,16 @@ from hal.verdict import Verdict
 MAX_EXPERTS = 4096
 # K and N of both GEMMs must be whole 64-wide tiles (the smallest thread_k and thread_n).
 SHAPE_MULTIPLE = 64
+# The (thread_k, thread_n) tiles csrc/cuda/marlin_moe_configs.h compiles, the same at every block_m
+# (tests/marlin/test_marlin_configs.py holds this to the header): a GEMM runs only if one tiles it.
+TILES = ((64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
+
+
+def gemm_shapes(spec) -> tuple:
+    """(name, n, k) of the two GEMMs: GEMM 1 makes 2I gate/up columns (I for relu2) over H, GEMM 2
+    makes H over I."""
+    n13 = spec.intermediate_size * (1 if spec.activation == "relu2" else 2)
+    return (("GEMM 1", n13, spec.hidden_size), ("GEMM 2", spec.hidden_size, spec.intermediate_size))
 
 
 def spec_problems(spec) -> list:
@@ -26,6 +36,11 @@ def spec_problems(spec) -> list:
         value = getattr(spec, name)
         if value % SHAPE_MULTIPLE:
             problems.append(f"{name}={value} is not a multiple of {SHAPE_MULTIPLE} (the smallest tile)")
+    if not problems:
+        for gemm, n, k in gemm_shapes(spec):
+            if not any(n % tn == 0 and k % tk == 0 for tk, tn in TILES):
+                problems.append(f"no compiled tile covers {gemm} (n={n}, k={k}): it needs k a multiple "
+                                "of 128, or n a multiple of 128")
     if spec.num_experts > MAX_EXPERTS:
         problems.append(f"num_experts={spec.num_experts} exceeds the routing kernel's {MAX_EXPERTS}")
     return problems

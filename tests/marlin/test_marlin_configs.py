@@ -209,3 +209,28 @@ def test_kernel_variants_and_baselines():
     assert base["first_valid"].policy == "first_valid"
     rb = base["runtime_branch"].specialization
     assert rb.is_ep and rb.has_bias
+
+
+def test_the_backend_tile_rule_is_the_compiled_table():
+    """check() reads the compiled tiles from backends.marlin.backend.TILES without opening the
+    header: both must name the same tiles at every block_m."""
+    from backends.marlin.backend import TILES
+
+    for block_m in configs.BLOCK_M_CHOICES:
+        compiled = {(c.thread_k, c.thread_n) for c in configs.candidates() if c.block_m == block_m}
+        assert compiled == set(TILES), block_m
+
+
+@pytest.mark.parametrize("hidden, inter, activation, ok", [
+    (192, 64, "relu2", False),  # GEMM 1 is n=64 over k=192: no 64x64 tile is compiled
+    (192, 64, "silu", False),   # GEMM 1 (n=128, k=192) fits k64 n128; GEMM 2 (n=192, k=64) fits none
+    (256, 128, "relu2", True),
+    (128, 192, "silu", True),
+])
+def test_check_rejects_shapes_no_compiled_tile_covers(hidden, inter, activation, ok):
+    spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=hidden, intermediate_size=inter,
+                       weight_format="int4_g128", activation=activation, group_size=-1)
+    verdict = backend.check(spec, Target("cuda:0", hal.probe(profile="h200")))
+    assert verdict.ok == ok, verdict.summary()
+    if not ok:
+        assert "no compiled tile covers" in verdict.summary()
