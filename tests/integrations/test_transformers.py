@@ -213,6 +213,17 @@ def test_from_config_selects_moe_hal():
     assert_served_by_hal(model)
 
 
+def test_from_pretrained_selects_moe_hal(tmp_path):
+    """The loading path users take: a checkpoint on disk, experts_implementation at load time."""
+    build(qwen3_moe()).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16,
+                                                 experts_implementation=hal_tf.NAME).eval()
+    assert model.config._experts_implementation == hal_tf.NAME
+    with torch.no_grad():
+        model(prompt(1, 3))
+    assert_served_by_hal(model)
+
+
 def _quantize_block128(w: torch.Tensor):
     """[E, rows, cols] -> float8_e4m3fn values and one fp32 scale per 128x128 block (w ~ q * s)."""
     E, rows, cols = w.shape
