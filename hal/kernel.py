@@ -69,6 +69,13 @@ class KernelBase:
             return torch.float8_e4m3fnuz
         return torch.float8_e4m3fn
 
+    def _check_prepared(self, prepared) -> None:
+        """Every kernel that takes weights (the MoE templates, the expert-parallel kernel) accepts
+        only what its own prepare_weights returned."""
+        if not isinstance(prepared, Prepared):
+            raise ValueError("prepared must come from this kernel's prepare_weights")
+        prepared.check_for(self)
+
     def compile(self) -> list:
         """Build every JIT specialization this kernel needs now; return their descriptions.
         Kernels with nothing to compile return []."""
@@ -97,11 +104,6 @@ class _WeightsKernel(KernelBase):
         if weights.w13.device != self.device:
             raise ValueError(f"weights are on {weights.w13.device}: expected {self.device}")
         return Prepared(self.backend, self.spec, self._prepare(weights))
-
-    def _check_prepared(self, prepared) -> None:
-        if not isinstance(prepared, Prepared):
-            raise ValueError("prepared must come from this kernel's prepare_weights")
-        prepared.check_for(self)
 
     def _prepare(self, weights: MoEWeights):
         raise NotImplementedError

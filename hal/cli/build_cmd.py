@@ -24,7 +24,7 @@ def run(args) -> int:
         specs = [spec_args.spec_from(args)]
     else:
         specs = [p.spec(fmt) for p in presets.PRESETS.values() for fmt in p.formats]
-    done, failed = set(), 0
+    done, failed, unbuilt = set(), 0, set()
     for spec in specs:
         try:
             kernel = hal.select_moe_kernel(spec, device, caps=caps)
@@ -32,6 +32,14 @@ def run(args) -> int:
             print(f"skip {spec.weight_format} {spec.hidden_size}x{spec.intermediate_size}: "
                   f"{str(exc).splitlines()[0]}")
             continue
+        # Selection falls back past a backend whose build failed; building is this command's job,
+        # so such a backend is a failure here, not a silent fallback.
+        for candidate in kernel.decision.candidates:
+            why = candidate.verdict.summary()
+            if not candidate.verdict.ok and why.startswith("build failed") and candidate.name not in unbuilt:
+                unbuilt.add(candidate.name)
+                failed += 1
+                print(f"FAILED {candidate.name}: {why}")
         try:
             built = kernel.compile()
         except Exception as exc:
