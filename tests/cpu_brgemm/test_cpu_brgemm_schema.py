@@ -5,34 +5,14 @@ from __future__ import annotations
 
 import attrs
 import pytest
-import torch
 from cpu_brgemm_helpers import machine_target, make_kernel, runnable_isas
 
 from backends.cpu_brgemm import extension
 from hal import synth
 from hal.spec import MoESpec
+from hal.testing.opcheck import Recorder, opcheck_recorded
 
 pytestmark = pytest.mark.cpu
-
-# test_faketensor and test_aot_dispatch need fake kernels, which these eager-only ops do not
-# register; the schema and autograd checks are the ones about what an op declares.
-CHECKS = ("test_schema", "test_autograd_registration")
-
-
-class Recorder:
-    """Stands in for an op namespace: records each call's arguments, then runs the real op."""
-
-    def __init__(self, namespace):
-        self.namespace, self.calls = namespace, {}
-
-    def __getattr__(self, name):
-        op = getattr(self.namespace, name)
-
-        def call(*args):
-            self.calls[name] = (op, args)
-            return op(*args)
-        return call
-
 
 @pytest.fixture
 def recorded_ops(monkeypatch):
@@ -57,8 +37,6 @@ def test_fused_moe_and_route_plan_declare_what_they_write(recorded_ops):
     kernel(x, topk_weights, topk_ids, prepared)
     kernel.plan(topk_ids, expert_map=weights.expert_map)
     assert set(recorder.calls) >= {"fused_moe", "route_plan"}
-    for name in ("fused_moe", "route_plan"):
-        op, args = recorder.calls[name]
-        torch.library.opcheck(op.default, args, test_utils=CHECKS)
+    opcheck_recorded(recorder, ("fused_moe", "route_plan"))
     assert "Tensor(a!) out" in str(recorder.calls["fused_moe"][0].default._schema)
 

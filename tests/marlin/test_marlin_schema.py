@@ -10,30 +10,14 @@ import hal
 from backends.marlin.kernel import MarlinMoEKernel
 from hal.backend import Target
 from hal.synth import random_routing, random_tokens, random_weights
+from hal.testing.opcheck import EAGER_CHECKS as CHECKS
+from hal.testing.opcheck import Recorder, opcheck_recorded
 
 pytestmark = pytest.mark.cuda
 
 DEVICE = "cuda:0"
-# test_faketensor and test_aot_dispatch need fake kernels, which these eager-only ops do not
-# register; the schema and autograd checks are the ones about what an op declares.
-CHECKS = ("test_schema", "test_autograd_registration")
 SPEC = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
                    weight_format="int4_g128")
-
-
-class Recorder:
-    """Stands in for an op namespace: records each call's arguments, then runs the real op."""
-
-    def __init__(self, namespace):
-        self.namespace, self.calls = namespace, {}
-
-    def __getattr__(self, name):
-        op = getattr(self.namespace, name)
-
-        def call(*args):
-            self.calls[name] = (op, args)
-            return op(*args)
-        return call
 
 
 def test_every_marlin_op_declares_what_it_writes():
@@ -45,9 +29,8 @@ def test_every_marlin_op_declares_what_it_writes():
     x = random_tokens(SPEC, 7, seed=2, device=DEVICE)
     topk_weights, topk_ids = random_routing(SPEC, 7, seed=3, device=DEVICE)
     kernel(x, topk_weights, topk_ids, prepared)
-    moe, moe_args = recorder.calls["moe"]
-    torch.library.opcheck(moe.default, moe_args, test_utils=CHECKS)
-    assert "Tensor(a!) out" in str(moe.default._schema)
+    opcheck_recorded(recorder, ("moe",))
+    assert "Tensor(a!) out" in str(recorder.calls["moe"][0].default._schema)
 
     torch.library.opcheck(ops.kernel_attributes.default, (), test_utils=CHECKS)
     block_m = kernel.plan(topk_ids).block_m

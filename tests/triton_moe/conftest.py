@@ -1,4 +1,5 @@
-"""Fixtures of the triton_moe tests: the float64 oracle and the weights they share."""
+"""Fixtures of the triton_moe tests: the float64 oracle, the weights they share, and Triton's
+interpreter on CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from backends.reference import activation, dequant, ops
 from hal.synth import random_expert_map, random_weights
+from hal.testing.triton_interpreter import fp8_casts_through_torch
 
 
 def _oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
@@ -64,42 +66,8 @@ def weights_for():
     return _weights_for
 
 
-def _fp8_casts_through_torch(convert_float):
-    """Triton's interpreter rounds fp32 -> e4m3 half-up and loses the carry into the exponent
-    (125.8 -> 64), unlike the GPU's round-to-nearest-even: route those casts through torch so
-    interpreter runs test the kernels' quantization, indexing and masks. The GPU tests check the
-    hardware cast."""
-    import numpy as np
-    import triton.language as tl
-
-    torch_dtypes = {tl.float8e4nv: torch.float8_e4m3fn}
-
-    def convert(values, input_dtype, output_dtype, rounding_mode):
-        if input_dtype == tl.float32 and output_dtype in torch_dtypes:
-            fp32 = torch.from_numpy(np.ascontiguousarray(values).view(np.float32))
-            return fp32.to(torch_dtypes[output_dtype]).view(torch.uint8).numpy().reshape(values.shape)
-        return convert_float(values, input_dtype, output_dtype, rounding_mode)
-
-    return convert
-
-
 @pytest.fixture(scope="module")
 def interpreter():
-    """Run the kernels in Triton's interpreter on CPU. TRITON_INTERPRET=1 must be set before
-    pytest starts: Triton reads it when first imported."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("needs TRITON_INTERPRET=1 set before pytest starts (Triton reads it at import)")
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:  # the real cause: no Triton, or a module it needs (numpy)
-        pytest.skip(f"Triton cannot be imported: {exc}")
-    from triton.runtime import interpreter as triton_interpreter
-
-    if not hasattr(triton_interpreter, "_convert_float"):
-        pytest.skip("this Triton's interpreter has no _convert_float to route fp8 casts through")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(triton_interpreter, "_convert_float",
-                      _fp8_casts_through_torch(triton_interpreter._convert_float))
+    """Run the kernels in Triton's interpreter on CPU, fp8 casts rounded by torch."""
+    with fp8_casts_through_torch():
         yield
