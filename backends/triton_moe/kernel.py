@@ -158,16 +158,8 @@ class TritonMoEKernel(MoEKernel):
     # --- weights -------------------------------------------------------------------------------
     def _prepare(self, weights) -> TritonMoEWeights:
         spec = self.spec
-        expert_map = weights.expert_map
-        if expert_map is not None:
-            if expert_map.dim() != 1 or expert_map.numel() != spec.num_experts:
-                raise ValueError(f"weights.expert_map has shape {tuple(expert_map.shape)}: expected "
-                                 f"({spec.num_experts},)")
-            lo, hi = int(expert_map.min()), int(expert_map.max())
-            if lo < -1 or hi >= spec.local_experts:
-                raise ValueError(f"weights.expert_map holds values in [{lo}, {hi}]: expected local ids "
-                                 f"in [0, {spec.local_experts}) or -1")
-            expert_map = expert_map.to(torch.int32).contiguous()
+        # prepare_weights has validated the map (int32, [num_experts], local ids, no duplicates).
+        expert_map = None if weights.expert_map is None else weights.expert_map.contiguous()
         w13, s13, b13 = weights.w13, weights.w13_scale, weights.b13
         gate_stride, up_offset = 1, spec.intermediate_size
         if spec.activation == "swiglu_oai":

@@ -31,15 +31,6 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         self.requant = self._select_requant() if variant == "requant" else None
 
     @property
-    def fp8_dtype(self) -> torch.dtype:
-        """The FP8 encoding of the target: e4m3fnuz where its capabilities say fnuz (gfx942), OCP
-        e4m3fn elsewhere, the Triton interpreter included."""
-        gpu = self.target.gpu
-        if gpu is not None and gpu.features.fp8 == "fnuz":
-            return torch.float8_e4m3fnuz
-        return torch.float8_e4m3fn
-
-    @property
     def mma_dtype(self) -> torch.dtype:
         """FP8 MMA on a GPU; fp32 in Triton's CPU interpreter, which has no FP8 MMA (the operands
         carry the same FP8 values either way)."""
