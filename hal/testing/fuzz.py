@@ -222,8 +222,9 @@ def _masked_mutations(rng: random.Random, pool: Pool, op: str) -> list:
     counts = [rng.randint(0, max_m) for _ in range(E)]
     from hal import synth
 
+    dev = case.device  # every argument but the one under test is valid, its device included
     x, xs, mm = synth.random_masked_inputs(E, H, max_m, counts, seed=rng.randint(0, 1 << 20),
-                                           fp8_dtype=harness.fp8_dtype(case))
+                                           device=dev, fp8_dtype=harness.fp8_dtype(case))
     over = mm.clone()
     over[rng.randrange(E)] = rng.choice([max_m + 1, -1, 1 << 20])
     choices = [
@@ -239,20 +240,21 @@ def _masked_mutations(rng: random.Random, pool: Pool, op: str) -> list:
         ("masked_m shape", "masked_m", dict(mm=torch.cat([mm, mm]))),
         ("expected_rows negative", "expected_rows", dict(expected_rows=-rng.randint(1, 9))),
         ("expected_rows float", "expected_rows", dict(expected_rows=1.5)),
-        ("out shape", "out", dict(out=torch.empty(E, max_m + 1, H, dtype=torch.bfloat16))),
+        ("out shape", "out", dict(out=torch.empty(E, max_m + 1, H, dtype=torch.bfloat16, device=dev))),
     ]
     if op == "requant":
         choices += [
-            ("output_scale zero", "output_scale", dict(s=torch.tensor([0.0]))),
-            ("output_scale inf", "output_scale", dict(s=torch.tensor([float("inf")]))),
-            ("output_scale two elements", "output_scale", dict(s=torch.tensor([1.0, 2.0]))),
-            ("output_scale float64", "output_scale", dict(s=torch.tensor([0.1], dtype=torch.float64))),
-            ("out bf16", "out", dict(out=torch.empty(x.shape, dtype=torch.bfloat16))),
+            ("output_scale zero", "output_scale", dict(s=torch.tensor([0.0], device=dev))),
+            ("output_scale inf", "output_scale", dict(s=torch.tensor([float("inf")], device=dev))),
+            ("output_scale two elements", "output_scale", dict(s=torch.tensor([1.0, 2.0], device=dev))),
+            ("output_scale float64", "output_scale",
+             dict(s=torch.tensor([0.1], dtype=torch.float64, device=dev))),
+            ("out bf16", "out", dict(out=torch.empty(x.shape, dtype=torch.bfloat16, device=dev))),
         ]
     else:
         choices.append(("prepared is None", "prepared", dict(prepared=None)))
     what, arg, change = rng.choice(choices)
-    args = dict(x=x, xs=xs, mm=mm, s=torch.tensor([0.02]), out=None, expected_rows=None,
+    args = dict(x=x, xs=xs, mm=mm, s=torch.tensor([0.02], device=dev), out=None, expected_rows=None,
                 prepared=b.prepared) | change
     if op == "requant":
         call = lambda: b.kernel(args["x"], args["xs"], args["mm"], args["s"], out=args["out"],  # noqa: E731
