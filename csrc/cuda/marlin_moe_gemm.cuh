@@ -215,13 +215,26 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   const int g = lane / 4;
   const int t4 = lane % 4;
 
+  // The bias is the accumulator's starting value in the first K split's first K warp: its loads
+  // overlap the pipeline's first copies and the epilogue stays a plain scale-and-store.
   float acc[4][G::kTokenTiles][4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int tt = 0; tt < G::kTokenTiles; ++tt)
+    for (int hi = 0; hi < 2; ++hi) {
+      float start = 0.f;
+      if constexpr (kHasBias) {
+        if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
+          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
+        }
+      }
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[j][tt][c] = 0.f;
+      for (int tt = 0; tt < G::kTokenTiles; ++tt) {
+        acc[j][tt][hi * 2] = start;
+        acc[j][tt][hi * 2 + 1] = start;
+      }
+    }
+  }
 
   auto compute_stage = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
@@ -331,11 +344,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
           const int n = n0 + wn * 64 + j * 16 + g + hi * 8;
-          float v = acc[j][tt][hi * 2 + half];
-          if constexpr (kHasBias) {
-            if (p.bias != nullptr && blockIdx.z == 0) v += p.bias[static_cast<size_t>(expert) * p.n + n];
-          }
-          v *= weight;
+          const float v = acc[j][tt][hi * 2 + half] * weight;
           if (p.c_atomic) {
             atomicAdd(c_row + n, v);
           } else {
