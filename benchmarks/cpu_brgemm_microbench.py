@@ -1,0 +1,111 @@
+"""Microbenchmarks of cpu_brgemm's inner loops (benchmarks/cpu_brgemm_microbench.cpp) on an
+AVX-512-BF16 CPU: where a decode call's time goes and what a candidate decoder or prefetch is worth.
+
+    python benchmarks/cpu_brgemm_microbench.py [--threads 16] [--json out.json]
+
+Reports: bit-exactness of the candidate fp8 decoders against the shipped ones (every encoding);
+ns per K x 32 panel for TinyGEMM at 1-8 rows and for fp8 -> bf16 dequantization (one thread,
+panel in cache); ns per BRGEMM call on one panel (AMX); GB/s of a decode-shaped stream (every
+thread runs a 1-row TinyGEMM over panels of a 1 GiB buffer) by decoder and prefetch distance,
+next to a plain read of the same buffer; us per empty parallel region."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import hal
+from backends.cpu_brgemm import policy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(os.path.dirname(HERE), "csrc", "cpu")
+
+
+def build():
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(
+        name="cpu_brgemm_microbench", sources=[os.path.join(HERE, "cpu_brgemm_microbench.cpp")],
+        extra_include_paths=[CSRC], extra_cflags=["-O3", "-fopenmp", *policy.ISA_CFLAGS["avx512bf16"]],
+        extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--stream-mib", type=int, default=1024)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    cpu = hal.probe().cpu
+    if not (cpu.isa.avx512 and cpu.isa.avx512_bf16):
+        raise SystemExit("cpu_brgemm_microbench: needs AVX-512-BF16, which this CPU lacks")
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    mb = build()
+    out = dict(cpu=cpu.model_name, threads=torch.get_num_threads(), torch=torch.__version__)
+    print(f"# {cpu.model_name}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"built in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    out["exactness"] = mb.check_fp8()
+    print(f"exactness of the candidate fp8 decoders: {out['exactness']}", flush=True)
+
+    panel = {}
+    for k in (2048, 768):
+        for decoder in ("shipped", "fast"):
+            for rows in (1, 2, 4, 8):
+                panel[f"fp8 tiny k{k} {decoder} rows{rows}"] = mb.panel_ns("tiny", decoder, k, rows, 0)
+        for decoder in ("shipped", "fp16"):
+            panel[f"fp8 dequant k{k} {decoder}"] = mb.panel_ns("dequant", decoder, k, 0, 0)
+    for decoder in ("mxfp4_shipped", "mxfp4_fast"):
+        for rows in (1, 2, 4, 8):
+            panel[f"tiny k2880 {decoder} rows{rows}"] = mb.panel_ns("tiny", decoder, 2880, rows, 0)
+    panel["dequant k2880 mxfp4_shipped"] = mb.panel_ns("dequant", "mxfp4_shipped", 2880, 0, 0)
+    if cpu.amx.usable:
+        for k in (2048, 768, 2880):
+            for rows in (8, 16, 32):
+                for n in (32, 64, 128):
+                    panel[f"brgemm k{k} rows{rows} n{n} (per 32 columns)"] = mb.brgemm_ns(k, rows, n) * 32 / n
+    out["panel_ns"] = panel
+    print("\n| one thread, panel in cache | ns per K x 32 panel |\n| --- | --- |")
+    for name, ns in panel.items():
+        print(f"| {name} | {ns:.0f} |")
+
+    buf = torch.empty(args.stream_mib << 20, dtype=torch.uint8)
+    buf.view(torch.int64).fill_(0x3C4D5E6F1A2B3C4D)
+    stream = {"plain read": max(mb.read_gbps(buf) for _ in range(3))}
+    for decoder in ("shipped", "fast"):
+        for pf in (0, 16, 32, 64, 128):
+            runs = [mb.stream_gbps(buf, decoder, pf, 1, 2048) for _ in range(2)]
+            stream[f"{decoder} pf{pf} rows1"] = max(runs)
+    for decoder in ("shipped", "fast"):
+        for rows in (2, 4):
+            for pf in (0, 32):
+                stream[f"{decoder} pf{pf} rows{rows}"] = mb.stream_gbps(buf, decoder, pf, rows, 2048)
+    for decoder in ("mxfp4_shipped", "mxfp4_fast"):
+        for pf in (0, 16, 32, 64):
+            stream[f"k2880 {decoder} pf{pf} rows1"] = mb.stream_gbps(buf, decoder, pf, 1, 2880)
+    out["stream_gbps"] = stream
+    print(f"\n| {torch.get_num_threads()} threads, {args.stream_mib} MiB of K=2048 fp8 panels | GB/s |\n"
+          "| --- | --- |")
+    for name, gbps in stream.items():
+        print(f"| {name} | {gbps:.1f} |")
+
+    regions = {}
+    for threads in (args.threads, 1):
+        torch.set_num_threads(threads)
+        mb.region_us(200)
+        regions[threads] = min(mb.region_us(1000) for _ in range(3))
+    torch.set_num_threads(args.threads)
+    out["region_us"] = regions
+    print(f"\nempty parallel region: {', '.join(f'{t} threads {us:.2f} us' for t, us in regions.items())}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
