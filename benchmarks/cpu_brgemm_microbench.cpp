@@ -1,8 +1,9 @@
-// Microbenchmarks of cpu_brgemm's inner loops on AVX-512-BF16 (and AMX for BRGEMM): the fp8 decode
-// in TinyGEMM, the fp8 -> scaled bf16 panel dequantization ahead of BRGEMM, BRGEMM on one panel,
-// weight streaming from DRAM at decode (one row against every panel) with and without software
-// prefetch, and the cost of one OpenMP parallel region. Candidate decoders are checked bit for bit
-// against the shipped ones (csrc/cpu/moe_isa_avx512bf16.h) on every fp8 encoding before timing.
+// Microbenchmarks of cpu_brgemm's inner loops on AVX-512-BF16 (and AMX for BRGEMM): the fp8 and
+// mxfp4 decoders in TinyGEMM, the panel dequantization ahead of BRGEMM, BRGEMM on one panel by
+// width, weight streaming from DRAM at decode (one row against every panel) by software prefetch
+// distance, and the cost of one OpenMP parallel region. The shipped decoders
+// (csrc/cpu/moe_isa_avx512bf16.h) are checked bit for bit against the previous ones on every
+// encoding before timing, and both are timed.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -19,6 +20,7 @@
 #include "moe_isa_avx512bf16.h"
 
 using hal_moe::isa::Fp8Panel;
+using hal_moe::isa::Mxfp4Panel;
 
 namespace {
 
@@ -26,41 +28,42 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// fp8 x 2^8 as bf16: the magnitude bits land under a fixed exponent bit (bias 7 + 8 + 120 = 135 ->
-// set bit 14), exact for normals; the 8 subnormal magnitudes and zero come from a table, and the
-// sign goes on last. The 2^-8 is folded into the group scale.
-struct Fp8Fast {
+// The decoders cpu_brgemm shipped before the current ones, for comparison: e4m3 -> exact bf16 with
+// a rebias add and a subnormal table (9 instructions per 32 weights), and e2m1 through a 16-entry
+// table after splitting the nibbles into 16-bit lanes.
+struct Fp8Previous {
   static constexpr bool kScaled = true;
   static constexpr int64_t kGroupPairs = 64;
+  static constexpr int64_t kPairBytes = 64;
   const uint8_t* w;
   const float* scale;
   __m512 s;
-  void begin_group(int64_t g) { s = _mm512_set1_ps(scale[g] * (1.f / 256.f)); }
+  const char* data() const { return reinterpret_cast<const char*>(w); }
+  void begin_group(int64_t g) { s = _mm512_set1_ps(scale[g]); }
   __m512 column_scale(int) const { return s; }
   __m512i row(int64_t kp, int half) const {
-    // bf16 of m / 2 (= m x 2^-9 x 2^8) for m = 0..7, at table index m
-    const __m512i tiny_values = _mm512_set_epi16(
+    const __m512i subnormals = _mm512_set_epi16(
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        0x4060, 0x4040, 0x4020, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+        0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 64 + half * 32));
-    const __m512i x = _mm512_cvtepi8_epi16(bytes);  // sign-extended
-    const __m512i t = _mm512_slli_epi16(x, 4);
-    __m512i v = _mm512_ternarylogic_epi32(t, _mm512_set1_epi16(0x07f0), _mm512_set1_epi16(0x4000), 0xEA);
-    const __mmask32 tiny = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
-    v = _mm512_mask_permutexvar_epi16(v, tiny, x, tiny_values);
-    return _mm512_ternarylogic_epi32(v, x, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);
+    const __m512i b = _mm512_cvtepu8_epi16(bytes);
+    const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
+    const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+    const __mmask32 tiny = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+    const __m512i v = _mm512_mask_mov_epi16(normal, tiny, _mm512_permutexvar_epi16(mag, subnormals));
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(b, 8), _mm512_set1_epi16(static_cast<int16_t>(0x8000)),
+                                     0xF8);
   }
 };
 
-// e2m1 pair -> two bf16 in one 32-bit lane: the byte b (odd nibble high) becomes b | b << 12, so
-// the low word's index bits hold the even nibble (bit 4 is the odd nibble's low bit, which the
-// doubled table ignores) and the high word's the odd nibble; one vpermw decodes both.
-struct Mxfp4Fast {
+struct Mxfp4Previous {
   static constexpr bool kScaled = true;
   static constexpr int64_t kGroupPairs = 16;
+  static constexpr int64_t kPairBytes = 32;
   const uint8_t* w;
   const uint8_t* scale;
   __m512 s[2];
+  const char* data() const { return reinterpret_cast<const char*>(w); }
   void begin_group(int64_t g) {
     for (int half = 0; half < 2; ++half) {
       const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + g * 32 + half * 16));
@@ -70,23 +73,18 @@ struct Mxfp4Fast {
   __m512 column_scale(int half) const { return s[half]; }
   __m512i row(int64_t kp, int half) const {
     const __m512i e2m1 = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         static_cast<int16_t>(0xc0c0), static_cast<int16_t>(0xc080), static_cast<int16_t>(0xc040),
         static_cast<int16_t>(0xc000), static_cast<int16_t>(0xbfc0), static_cast<int16_t>(0xbf80),
-        static_cast<int16_t>(0xbf00), static_cast<int16_t>(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0,
-        0x3f80, 0x3f00, 0,
-        static_cast<int16_t>(0xc0c0), static_cast<int16_t>(0xc080), static_cast<int16_t>(0xc040),
-        static_cast<int16_t>(0xc000), static_cast<int16_t>(0xbfc0), static_cast<int16_t>(0xbf80),
-        static_cast<int16_t>(0xbf00), static_cast<int16_t>(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0,
-        0x3f80, 0x3f00, 0);
+        static_cast<int16_t>(0xbf00), static_cast<int16_t>(0x8000),
+        0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + kp * 32 + half * 16));
     const __m512i d = _mm512_cvtepu8_epi32(bytes);
-    return _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), e2m1);
+    const __m512i nibbles = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(0x0f)),
+                                            _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xf0)), 12));
+    return _mm512_permutexvar_epi16(nibbles, e2m1);
   }
 };
-
-template <class Panel> constexpr int64_t kBytesPerPair = 64;
-template <> constexpr int64_t kBytesPerPair<hal_moe::isa::Mxfp4Panel> = 32;
-template <> constexpr int64_t kBytesPerPair<Mxfp4Fast> = 32;
 
 // tiny_tile of the shipped header, with a software prefetch PF cache lines ahead of the panel.
 template <int Rows, int Chains, int PF, class Panel>
@@ -103,7 +101,7 @@ inline void tile(const uint16_t* a, int64_t lda, Panel panel, int64_t kpairs, fl
       for (int u = 0; u < Chains; ++u) {
         const int64_t kp = kp0 + u;
         if constexpr (PF > 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(panel.w) + kp * kBytesPerPair<Panel> + PF * 64,
+          _mm_prefetch(reinterpret_cast<const char*>(panel.w) + kp * Panel::kPairBytes + PF * 64,
                        _MM_HINT_T0);
         }
         const __m512bh b0 = reinterpret_cast<__m512bh>(panel.row(kp, 0));
@@ -170,36 +168,17 @@ P mxfp4_panel(const uint8_t* w, const uint8_t* s) {
   return p;
 }
 
-// decoder: shipped / fast (fp8), mxfp4_shipped / mxfp4_fast; s points at fp32 (fp8) or e8m0 scales.
+// decoder: shipped / previous (fp8), mxfp4_shipped / mxfp4_previous; s points at fp32 (fp8) or e8m0 scales.
 void run_tile(const std::string& decoder, int pf, int rows, const uint16_t* a, int64_t lda, const uint8_t* w,
               const void* s, int64_t kpairs, float* c) {
   if (decoder == "shipped") {
     tile_pf(pf, rows, a, lda, fp8_panel<Fp8Panel>(w, static_cast<const float*>(s)), kpairs, c);
-  } else if (decoder == "fast") {
-    tile_pf(pf, rows, a, lda, fp8_panel<Fp8Fast>(w, static_cast<const float*>(s)), kpairs, c);
+  } else if (decoder == "previous") {
+    tile_pf(pf, rows, a, lda, fp8_panel<Fp8Previous>(w, static_cast<const float*>(s)), kpairs, c);
   } else if (decoder == "mxfp4_shipped") {
-    tile_pf(pf, rows, a, lda, mxfp4_panel<hal_moe::isa::Mxfp4Panel>(w, static_cast<const uint8_t*>(s)), kpairs, c);
+    tile_pf(pf, rows, a, lda, mxfp4_panel<Mxfp4Panel>(w, static_cast<const uint8_t*>(s)), kpairs, c);
   } else {
-    tile_pf(pf, rows, a, lda, mxfp4_panel<Mxfp4Fast>(w, static_cast<const uint8_t*>(s)), kpairs, c);
-  }
-}
-
-// fp8 -> fp16 (x 2^-8, exact for every encoding, subnormals included) -> fp32 -> x scale x 2^8 ->
-// bf16 round to nearest even; the VNNI order survives because each half converts in place.
-void dequant_fp16_route(const uint8_t* w, const float* scale, int64_t kpairs, uint16_t* out) {
-  for (int64_t g0 = 0; g0 < kpairs; g0 += 64) {
-    const __m512 s = _mm512_set1_ps(scale[g0 / 64] * 256.f);
-    const int64_t g1 = std::min<int64_t>(kpairs, g0 + 64);
-    for (int64_t kp = g0; kp < g1; ++kp) {
-      for (int half = 0; half < 2; ++half) {
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 64 + half * 32));
-        const __m512i x = _mm512_cvtepi8_epi16(bytes);
-        const __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16(static_cast<int16_t>(0xbf80)));
-        const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
-        const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
-        _mm512_storeu_si512(out + kp * 64 + half * 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-      }
-    }
+    tile_pf(pf, rows, a, lda, mxfp4_panel<Mxfp4Previous>(w, static_cast<const uint8_t*>(s)), kpairs, c);
   }
 }
 
@@ -211,8 +190,8 @@ std::map<std::string, double> check_fp8() {
   std::map<std::string, double> out;
   int64_t row_mismatch = 0, row_checked = 0;
   const float one = 1.f;
-  Fp8Panel cur = fp8_panel<Fp8Panel>(w.data(), &one);
-  Fp8Fast fast = fp8_panel<Fp8Fast>(w.data(), &one);
+  Fp8Previous cur = fp8_panel<Fp8Previous>(w.data(), &one);
+  Fp8Panel fast = fp8_panel<Fp8Panel>(w.data(), &one);
   for (int64_t kp = 0; kp < kpairs; ++kp) {
     for (int half = 0; half < 2; ++half) {
       alignas(64) uint16_t a[32], b[32];
@@ -236,9 +215,8 @@ std::map<std::string, double> check_fp8() {
   const float scales[] = {1.f, 3.0517578e-05f, 1.2345e-4f, 7.77e-3f, 0.3f, 1.7f, 2.5e-6f};
   std::vector<uint16_t> d0(kpairs * 64), d1(kpairs * 64);
   for (float s : scales) {
-    Fp8Panel p = fp8_panel<Fp8Panel>(w.data(), &s);
-    hal_moe::isa::dequant_panel(p, kpairs, d0.data());
-    dequant_fp16_route(w.data(), &s, kpairs, d1.data());
+    hal_moe::isa::dequant_panel<Fp8Previous>(fp8_panel<Fp8Previous>(w.data(), &s), kpairs, d0.data());
+    hal_moe::isa::dequant_panel(fp8_panel<Fp8Panel>(w.data(), &s), kpairs, d1.data());
     for (int64_t i = 0; i < kpairs * 64; ++i) {
       if ((w[i] & 0x7f) == 0x7f) continue;
       ++dq_checked;
@@ -247,8 +225,8 @@ std::map<std::string, double> check_fp8() {
   }
   int64_t mx_mismatch = 0;
   const uint8_t e8[64] = {127};
-  hal_moe::isa::Mxfp4Panel mcur = mxfp4_panel<hal_moe::isa::Mxfp4Panel>(w.data(), e8);
-  Mxfp4Fast mfast = mxfp4_panel<Mxfp4Fast>(w.data(), e8);
+  Mxfp4Previous mcur = mxfp4_panel<Mxfp4Previous>(w.data(), e8);
+  Mxfp4Panel mfast = mxfp4_panel<Mxfp4Panel>(w.data(), e8);
   for (int64_t kp = 0; kp < 16; ++kp) {  // 16 x 32 bytes: all 256 encodings, twice
     for (int half = 0; half < 2; ++half) {
       alignas(64) uint16_t a[32], b[32];
@@ -300,17 +278,24 @@ double panel_ns(const std::string& what, const std::string& decoder, int64_t k, 
   if (what == "tiny") {
     return best_ns(400, [&](int) { run_tile(decoder, pf, rows, a.data(), k, w.data(), s, kpairs, c.data()); });
   }
-  if (decoder == "shipped") {
+  if (decoder == "previous") {
     return best_ns(400, [&](int) {
-      hal_moe::isa::dequant_panel(fp8_panel<Fp8Panel>(w.data(), fs.data()), kpairs, dq.data());
+      hal_moe::isa::dequant_panel<Fp8Previous>(fp8_panel<Fp8Previous>(w.data(), fs.data()), kpairs, dq.data());
     });
   }
   if (decoder == "mxfp4_shipped") {
     return best_ns(400, [&](int) {
-      hal_moe::isa::dequant_panel(mxfp4_panel<hal_moe::isa::Mxfp4Panel>(w.data(), es.data()), kpairs, dq.data());
+      hal_moe::isa::dequant_panel(mxfp4_panel<Mxfp4Panel>(w.data(), es.data()), kpairs, dq.data());
     });
   }
-  return best_ns(400, [&](int) { dequant_fp16_route(w.data(), fs.data(), kpairs, dq.data()); });
+  if (decoder == "mxfp4_previous") {
+    return best_ns(400, [&](int) {
+      hal_moe::isa::dequant_panel(mxfp4_panel<Mxfp4Previous>(w.data(), es.data()), kpairs, dq.data());
+    });
+  }
+  return best_ns(400, [&](int) {
+    hal_moe::isa::dequant_panel(fp8_panel<Fp8Panel>(w.data(), fs.data()), kpairs, dq.data());
+  });
 }
 
 // ns per BRGEMM call of rows x 32 x k on a dequantized bf16 panel (AMX where oneDNN uses it).

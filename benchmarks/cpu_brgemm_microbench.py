@@ -3,7 +3,7 @@ AVX-512-BF16 CPU: where a decode call's time goes and what a candidate decoder o
 
     python benchmarks/cpu_brgemm_microbench.py [--threads 16] [--json out.json]
 
-Reports: bit-exactness of the candidate fp8 decoders against the shipped ones (every encoding);
+Reports: bit-exactness of the shipped fp8/mxfp4 decoders against the previous ones (every encoding);
 ns per K x 32 panel for TinyGEMM at 1-8 rows and for fp8 -> bf16 dequantization (one thread,
 panel in cache); ns per BRGEMM call on one panel (AMX); GB/s of a decode-shaped stream (every
 thread runs a 1-row TinyGEMM over panels of a 1 GiB buffer) by decoder and prefetch distance,
@@ -30,7 +30,9 @@ def build():
 
     return cpp_extension.load(
         name="cpu_brgemm_microbench", sources=[os.path.join(HERE, "cpu_brgemm_microbench.cpp")],
-        extra_include_paths=[CSRC], extra_cflags=["-O3", "-fopenmp", *policy.ISA_CFLAGS["avx512bf16"]],
+        extra_include_paths=[CSRC],
+        extra_cflags=["-O3", "-fopenmp", f"-DMOE_PREFETCH_BYTES={policy.PREFETCH_BYTES}",
+                      *policy.ISA_CFLAGS["avx512bf16"]],
         extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -55,15 +57,16 @@ def main():
 
     panel = {}
     for k in (2048, 768):
-        for decoder in ("shipped", "fast"):
+        for decoder in ("previous", "shipped"):
             for rows in (1, 2, 4, 8):
                 panel[f"fp8 tiny k{k} {decoder} rows{rows}"] = mb.panel_ns("tiny", decoder, k, rows, 0)
-        for decoder in ("shipped", "fp16"):
+        for decoder in ("previous", "shipped"):
             panel[f"fp8 dequant k{k} {decoder}"] = mb.panel_ns("dequant", decoder, k, 0, 0)
-    for decoder in ("mxfp4_shipped", "mxfp4_fast"):
+    for decoder in ("mxfp4_previous", "mxfp4_shipped"):
         for rows in (1, 2, 4, 8):
             panel[f"tiny k2880 {decoder} rows{rows}"] = mb.panel_ns("tiny", decoder, 2880, rows, 0)
-    panel["dequant k2880 mxfp4_shipped"] = mb.panel_ns("dequant", "mxfp4_shipped", 2880, 0, 0)
+    for decoder in ("mxfp4_previous", "mxfp4_shipped"):
+        panel[f"dequant k2880 {decoder}"] = mb.panel_ns("dequant", decoder, 2880, 0, 0)
     if cpu.amx.usable:
         for k in (2048, 768, 2880):
             for rows in (8, 16, 32):
@@ -77,15 +80,15 @@ def main():
     buf = torch.empty(args.stream_mib << 20, dtype=torch.uint8)
     buf.view(torch.int64).fill_(0x3C4D5E6F1A2B3C4D)
     stream = {"plain read": max(mb.read_gbps(buf) for _ in range(3))}
-    for decoder in ("shipped", "fast"):
+    for decoder in ("previous", "shipped"):
         for pf in (0, 16, 32, 64, 128):
             runs = [mb.stream_gbps(buf, decoder, pf, 1, 2048) for _ in range(2)]
             stream[f"{decoder} pf{pf} rows1"] = max(runs)
-    for decoder in ("shipped", "fast"):
+    for decoder in ("previous", "shipped"):
         for rows in (2, 4):
             for pf in (0, 32):
                 stream[f"{decoder} pf{pf} rows{rows}"] = mb.stream_gbps(buf, decoder, pf, rows, 2048)
-    for decoder in ("mxfp4_shipped", "mxfp4_fast"):
+    for decoder in ("mxfp4_previous", "mxfp4_shipped"):
         for pf in (0, 16, 32, 64):
             stream[f"k2880 {decoder} pf{pf} rows1"] = mb.stream_gbps(buf, decoder, pf, 1, 2880)
     out["stream_gbps"] = stream

@@ -34,6 +34,7 @@ def ops(isa: str, sanitizer: Optional[str] = None):
                      MOE_BRGEMM_MIN_ROWS=policy.BRGEMM_MIN_ROWS,
                      MOE_ITEMS_PER_THREAD=policy.ITEMS_PER_THREAD,
                      MOE_BRGEMM_L2_BYTES=policy.BRGEMM_L2_BYTES,
-                     MOE_MAX_PANEL_GROUP=policy.MAX_PANEL_GROUP),
+                     MOE_MAX_PANEL_GROUP=policy.MAX_PANEL_GROUP,
+                     MOE_PREFETCH_BYTES=policy.PREFETCH_BYTES),
         extra_cflags=policy.ISA_CFLAGS[isa] + SANITIZER_CFLAGS.get(sanitizer, ()))
     return getattr(torch.ops, namespace)

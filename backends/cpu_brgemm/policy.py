@@ -24,6 +24,10 @@ ITEMS_PER_THREAD = 4
 BRGEMM_L2_BYTES = 1 << 20
 # Upper bound on panels per group (bytes of C scratch per thread grow with it).
 MAX_PANEL_GROUP = 8
+# How far ahead of the K pair row being decoded the AVX-512 micro-kernels prefetch the weight
+# panel: a decode call reads each panel from DRAM once, and the L2 streamer stops at every 4 KiB
+# page. vLLM 0.33.0's CPU kernels prefetch 64 K pair rows ahead (4 KiB of fp8).
+PREFETCH_BYTES = 4096
 
 # Dispatch policies, numbered as the C++ Policy enum.
 POLICIES = ("per_block", "global", "tiny", "brgemm")
