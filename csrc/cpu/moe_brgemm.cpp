@@ -44,7 +44,6 @@ namespace {
 
 // Same numbering as backends/cpu_brgemm/policy.py.
 enum class Format : int64_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2 };
-enum class Activation : int64_t { kSilu = 0, kSwigluOai = 1, kRelu2 = 2 };
 
 constexpr int64_t kAlign = 64;  // bytes: one cache line, and a whole zmm
 
@@ -260,27 +259,8 @@ struct Epilogue1 {
     const float* bias_g = b13 ? b13 + blk.expert * w13_rows + col : nullptr;
     const float* bias_u = b13 && act != Activation::kRelu2 ? bias_g + inter : nullptr;
     for (int64_t i = 0; i < blk.rows; ++i) {
-      at::BFloat16* dst = ic1 + (blk.start + i) * inter + col;
-      const float* g = gate + i * ncols;
-      const float* u = up + i * ncols;
-      for (int64_t c = 0; c < ncols; ++c) {
-        float h = g[c] + (bias_g ? bias_g[c] : 0.f);
-        float v;
-        if (act == Activation::kRelu2) {
-          h = h > 0.f ? h : 0.f;
-          v = h * h;
-        } else {
-          const float uv = u[c] + (bias_u ? bias_u[c] : 0.f);
-          if (act == Activation::kSilu) {
-            v = h / (1.f + std::exp(-h)) * uv;
-          } else {
-            const float gl = std::min(h, limit);
-            const float ul = std::max(-limit, std::min(uv, limit));
-            v = gl / (1.f + std::exp(-alpha * gl)) * (ul + 1.f);
-          }
-        }
-        dst[c] = at::BFloat16(v);
-      }
+      isa::activation_row(act, gate + i * ncols, up + i * ncols, bias_g, bias_u, ncols, alpha, limit,
+                          reinterpret_cast<uint16_t*>(ic1 + (blk.start + i) * inter + col));
     }
   }
 };

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe_activation.h"
+
 // No bf16 conversion instructions here, and oneDNN's bf16 BRGEMM ukernel needs AVX-512: this ISA
 // runs every block on TinyGEMM, and the forced 'brgemm' policy is refused for it.
 #define HAL_MOE_ISA_HAS_BRGEMM 0
@@ -220,6 +222,12 @@ inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel&
   decoded.resize(static_cast<size_t>(kpairs * 64));
   decode_panel_f32(panel, kpairs, decoded.data());
   tiny_tiles(afp, k, rows, F32Panel{decoded.data()}, kpairs, c, ldc);
+}
+
+// Stage 1's activation per element: without a vector exp here, the scalar form is the fast one.
+inline void activation_row(Activation act, const float* g, const float* u, const float* bg, const float* bu,
+                           int64_t n, float alpha, float limit, uint16_t* dst) {
+  activation_row_scalar(act, g, u, bg, bu, n, alpha, limit, dst);
 }
 
 }  // namespace isa

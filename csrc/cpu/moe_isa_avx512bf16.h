@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe_activation.h"
+
 #define HAL_MOE_ISA_HAS_BRGEMM 1
 
 #ifndef MOE_PREFETCH_BYTES
@@ -256,6 +258,60 @@ inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel&
   decoded.resize(static_cast<size_t>(kpairs * 64));
   dequant_panel(panel, kpairs, decoded.data());
   tiny_tiles(a, lda, rows, Bf16Panel{decoded.data()}, kpairs, c, ldc);
+}
+
+// e^x, 16 lanes: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to fp32), e^r
+// by its Taylor series to r^7 (truncation below 2e-9 relative, under the fp32 rounding of the
+// terms), times 2^n by vscalefps. x is clamped to [-87.5, 88.5] first: e^x stays finite and
+// normal, which at the activations' use (1 + e^-h) changes nothing past fp32's precision.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.5f)), _mm512_set1_ps(88.5f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// activation_row_scalar (moe_activation.h), 16 columns at a time; n is a multiple of 16 (a panel
+// is 32 columns). min/max take their operands in the order that keeps std::min/std::max's answer
+// for a NaN input.
+inline void activation_row(Activation act, const float* g, const float* u, const float* bg, const float* bu,
+                           int64_t n, float alpha, float limit, uint16_t* dst) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 lim = _mm512_set1_ps(limit);
+  const __m512 neg_lim = _mm512_set1_ps(-limit);
+  const __m512 neg_alpha = _mm512_set1_ps(-alpha);
+  for (int64_t c = 0; c < n; c += 16) {
+    __m512 h = _mm512_loadu_ps(g + c);
+    if (bg) h = _mm512_add_ps(h, _mm512_loadu_ps(bg + c));
+    __m512 v;
+    if (act == Activation::kRelu2) {
+      h = _mm512_max_ps(h, _mm512_setzero_ps());
+      v = _mm512_mul_ps(h, h);
+    } else {
+      __m512 uv = _mm512_loadu_ps(u + c);
+      if (bu) uv = _mm512_add_ps(uv, _mm512_loadu_ps(bu + c));
+      if (act == Activation::kSilu) {
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), h));
+        v = _mm512_mul_ps(_mm512_div_ps(h, _mm512_add_ps(one, e)), uv);
+      } else {
+        const __m512 gl = _mm512_min_ps(lim, h);                           // std::min(h, limit)
+        const __m512 ul = _mm512_max_ps(_mm512_min_ps(lim, uv), neg_lim);  // std::max(-limit, min)
+        const __m512 e = exp_ps(_mm512_mul_ps(neg_alpha, gl));
+        v = _mm512_mul_ps(_mm512_div_ps(gl, _mm512_add_ps(one, e)), _mm512_add_ps(ul, one));
+      }
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
 }
 
 }  // namespace isa
