@@ -236,6 +236,17 @@ std::map<std::string, double> check_fp8() {
     }
   }
   out["mxfp4_decode_mismatches"] = mx_mismatch;
+  // mxfp4 dequantization, every scale 0..255 across the groups' columns and every encoding
+  int64_t mxdq_mismatch = 0;
+  std::vector<uint8_t> es(64 * 32);  // 64 groups x 32 columns
+  for (int64_t i = 0; i < 64 * 32; ++i) es[i] = static_cast<uint8_t>(i < 32 * 32 ? (i * 37) % 256 : 100 + i % 50);
+  std::vector<uint16_t> m0(1024 * 64), m1(1024 * 64);
+  std::vector<uint8_t> wm(1024 * 32);
+  for (int64_t i = 0; i < 1024 * 32; ++i) wm[i] = static_cast<uint8_t>(i * 13 + i / 256);
+  hal_moe::isa::dequant_panel<Mxfp4Previous>(mxfp4_panel<Mxfp4Previous>(wm.data(), es.data()), 1024, m0.data());
+  hal_moe::isa::dequant_panel(mxfp4_panel<Mxfp4Panel>(wm.data(), es.data()), 1024, m1.data());
+  for (int64_t i = 0; i < 1024 * 64; ++i) mxdq_mismatch += m0[i] != m1[i];
+  out["mxfp4_dequant_mismatches"] = mxdq_mismatch;
   out["dequant_checked"] = dq_checked;
   out["dequant_mismatches"] = dq_mismatch;
   return out;

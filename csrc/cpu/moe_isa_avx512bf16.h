@@ -244,6 +244,46 @@ inline void dequant_panel(const Fp8Panel& panel, int64_t kpairs, uint16_t* out) 
   }
 }
 
+// mxfp4 panels to scaled bf16: an e8m0 scale is a power of two, so scaling a nonzero bf16 is an
+// add of (e - 127) to its exponent field, exact (the same bits as the fp32 multiply and rounding
+// of the generic path) as long as the result stays normal. e2m1 magnitudes 0.5..6 have exponents
+// -1..2, so a group whose 32 column scales all lie in [2, 252] takes the add; any other group (a
+// scale that underflows or overflows bf16's range) takes the generic multiply. Zeros keep their
+// bits under the mask.
+inline void dequant_panel(const Mxfp4Panel& panel, int64_t kpairs, uint16_t* out) {
+  for (int64_t g0 = 0; g0 < kpairs; g0 += Mxfp4Panel::kGroupPairs) {
+    const int64_t g = g0 / Mxfp4Panel::kGroupPairs;
+    const int64_t g1 = kpairs - g0 < Mxfp4Panel::kGroupPairs ? kpairs : g0 + Mxfp4Panel::kGroupPairs;
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel.scale + g * 32));
+    const bool in_range = (_mm256_cmp_epu8_mask(e, _mm256_set1_epi8(2), _MM_CMPINT_LT) |
+                           _mm256_cmp_epu8_mask(e, _mm256_set1_epi8(static_cast<char>(252)), _MM_CMPINT_NLE)) == 0;
+    if (!in_range) {
+      Mxfp4Panel p = panel;
+      p.begin_group(g);
+      for (int64_t kp = g0; kp < g1; ++kp) {
+        for (int half = 0; half < 2; ++half) {
+          _mm512_storeu_si512(out + kp * 64 + half * 32, scale_pairs(p.row(kp, half), p.column_scale(half)));
+        }
+      }
+      continue;
+    }
+    __m512i add[2];  // per half: (e - 127) << 7 in both 16-bit lanes of each column's pair
+    for (int half = 0; half < 2; ++half) {
+      const __m128i eh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel.scale + g * 32 + half * 16));
+      const __m512i a = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_cvtepu8_epi32(eh), _mm512_set1_epi32(127)), 7);
+      add[half] = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(a, 16));
+    }
+    for (int64_t kp = g0; kp < g1; ++kp) {
+      _mm_prefetch(panel.data() + kp * Mxfp4Panel::kPairBytes + kPrefetchBytes, _MM_HINT_T0);
+      for (int half = 0; half < 2; ++half) {
+        const __m512i v = panel.row(kp, half);
+        const __mmask32 nonzero = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7fff));
+        _mm512_storeu_si512(out + kp * 64 + half * 32, _mm512_mask_add_epi16(v, nonzero, v, add[half]));
+      }
+    }
+  }
+}
+
 // c[rows][32] (row stride ldc) = a[rows][K] x panel. Up to one tile of rows decodes the weights in
 // registers; a larger block dequantizes the panel to bf16 once (as BRGEMM would) and runs every
 // tile from that.
