@@ -47,14 +47,23 @@ enum class Format : int64_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2 };
 
 constexpr int64_t kAlign = 64;  // bytes: one cache line, and a whole zmm
 
+// Scratch that grows and is kept: the buffers below are thread_local, so a thread (the caller's,
+// or an OpenMP worker) reuses its pages call after call. Allocating them per call made fresh
+// mappings at prefill sizes (hundreds of MB for the compact caches), paid for in page faults and
+// the kernel's zeroing on every call.
 template <typename T>
 struct AlignedBuffer {
   std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
-  void ensure(int64_t count) {
-    if (data) return;
-    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    data.reset(static_cast<T*>(std::aligned_alloc(kAlign, bytes)));
-    TORCH_CHECK(data, "cpu_brgemm: could not allocate ", bytes, " bytes of scratch");
+  size_t capacity = 0;  // elements
+  T* ensure(int64_t count) {
+    if (static_cast<size_t>(count) > capacity) {
+      const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+      data.reset();
+      data.reset(static_cast<T*>(std::aligned_alloc(kAlign, bytes)));
+      TORCH_CHECK(data, "cpu_brgemm: could not allocate ", bytes, " bytes of scratch");
+      capacity = bytes / sizeof(T);
+    }
+    return data.get();
   }
   T* get() const { return data.get(); }
 };
@@ -180,10 +189,10 @@ void run_stage(const Routing& rt, const std::vector<Run>& runs, const std::vecto
   // takes the next item from a shared counter instead of a fixed contiguous share.
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    AlignedBuffer<float> c0, c1;
+    thread_local AlignedBuffer<float> c0, c1;
     c0.ensure(kBlockM * kBlockN * group);
     c1.ensure(kBlockM * kBlockN * group);
-    AlignedBuffer<uint16_t> dq0, dq1;
+    thread_local AlignedBuffer<uint16_t> dq0, dq1;
     bool used_brgemm = false;
     for (int64_t i = next++; i < num_items; i = next++) {
       const Item& item = items[i];
@@ -304,12 +313,16 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
   const bool gated = act != Activation::kRelu2;
   const int64_t panels1 = inter / kBlockN;
   const int64_t panels2 = hidden / kBlockN;
-  auto opts = x.options();
-  at::Tensor xs = at::empty({rt.routes, hidden}, opts);
-  at::Tensor ic1 = at::empty({rt.routes, inter}, opts);
-  at::Tensor ic2 = at::empty({rt.routes, hidden}, opts.dtype(at::kFloat));
+  // The compact caches, each on a cache-line boundary: xs bf16 [routes, H], ic1 bf16 [routes, I],
+  // ic2 fp32 [routes, H].
+  auto lines = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  const int64_t xs_bytes = lines(rt.routes * hidden * 2), ic1_bytes = lines(rt.routes * inter * 2);
+  thread_local AlignedBuffer<uint8_t> caches;
+  uint8_t* base = caches.ensure(xs_bytes + ic1_bytes + rt.routes * hidden * 4);
+  at::BFloat16* xsp = reinterpret_cast<at::BFloat16*>(base);
+  at::BFloat16* ic1p = reinterpret_cast<at::BFloat16*>(base + xs_bytes);
+  float* ic2p = reinterpret_cast<float*>(base + xs_bytes + ic1_bytes);
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  at::BFloat16* xsp = xs.data_ptr<at::BFloat16>();
   at::parallel_for(0, rt.routes, 16, [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
       std::memcpy(xsp + pos * hidden, xp + static_cast<int64_t>(rt.token_of_pos[pos]) * hidden,
@@ -317,14 +330,12 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
     }
   });
 
-  Epilogue1 ep1{ic1.data_ptr<at::BFloat16>(), inter, b13, pw13.panels * kBlockN, act, alpha, limit};
+  Epilogue1 ep1{ic1p, inter, b13, pw13.panels * kBlockN, act, alpha, limit};
   run_stage<Panel>(rt, make_runs(rt.blocks, panels1, threads), brgemm_block, xsp, pw13, panels1,
                    gated ? panels1 : 0, ep1);
-  Epilogue2 ep2{&rt, ic2.data_ptr<float>(), hidden, b2};
-  run_stage<Panel>(rt, make_runs(rt.blocks, panels2, threads), brgemm_block, ic1.data_ptr<at::BFloat16>(),
-                   pw2, panels2, 0, ep2);
+  Epilogue2 ep2{&rt, ic2p, hidden, b2};
+  run_stage<Panel>(rt, make_runs(rt.blocks, panels2, threads), brgemm_block, ic1p, pw2, panels2, 0, ep2);
 
-  const float* ic2p = ic2.data_ptr<float>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(hidden);
