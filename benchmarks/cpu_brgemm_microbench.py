@@ -7,13 +7,15 @@ Reports: bit-exactness of the shipped fp8/mxfp4 decoders against the previous on
 ns per K x 32 panel for TinyGEMM at 1-8 rows and for fp8 -> bf16 dequantization (one thread,
 panel in cache); ns per BRGEMM call on one panel (AMX); GB/s of a decode-shaped stream (every
 thread runs a 1-row TinyGEMM over panels of a 1 GiB buffer) by decoder and prefetch distance,
-next to a plain read of the same buffer; us per empty parallel region."""
+next to a plain read of the same buffer; us per empty parallel region; and one qwen3-30b-a3b fp8
+layer at 1024 tokens on 1 and on all threads, per dispatch policy (how the prefill call scales)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -34,6 +36,34 @@ def build():
         extra_cflags=["-O3", "-fopenmp", f"-DMOE_PREFETCH_BYTES={policy.PREFETCH_BYTES}",
                       *policy.ISA_CFLAGS["avx512bf16"]],
         extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def layer_scaling(threads: int, tokens: int = 1024, rules=("per_block", "brgemm")) -> dict:
+    """Median ms of one qwen3-30b-a3b fp8 layer call (warm, one routing) by threads and policy."""
+    from cpu_moe_peer import checkpoint_weights, input_sets
+
+    from hal.presets import PRESETS
+
+    spec = PRESETS["qwen3-30b-a3b"].spec("fp8_block128")
+    kernel = hal.select_moe_kernel(spec, "cpu", prefer="cpu_brgemm")
+    prepared = kernel.prepare_weights(checkpoint_weights(spec))
+    x, tw, ti, out = input_sets(spec, tokens, 1)[0]
+    result = {}
+    print(f"\n| qwen3-30b-a3b fp8, {tokens} tokens, one routing, warm | ms |\n| --- | --- |")
+    for rule in rules:
+        k = kernel.with_policy(rule)
+        for t in (threads, 1):
+            torch.set_num_threads(t)
+            k(x, tw, ti, prepared, out=out, check=False)
+            times = []
+            for _ in range(5 if t > 1 else 2):
+                t0 = time.perf_counter()
+                k(x, tw, ti, prepared, out=out, check=False)
+                times.append(time.perf_counter() - t0)
+            result[f"{rule} {t} threads"] = 1e3 * statistics.median(times)
+            print(f"| {rule}, {t} threads | {result[f'{rule} {t} threads']:.1f} |", flush=True)
+    torch.set_num_threads(threads)
+    return result
 
 
 def main():
@@ -104,6 +134,7 @@ def main():
         regions[threads] = min(mb.region_us(1000) for _ in range(3))
     torch.set_num_threads(args.threads)
     out["region_us"] = regions
+    out["layer_ms"] = layer_scaling(args.threads)
     print(f"\nempty parallel region: {', '.join(f'{t} threads {us:.2f} us' for t, us in regions.items())}")
     if args.json:
         with open(args.json, "w") as f:
