@@ -18,10 +18,13 @@ BRGEMM_MIN_ROWS = 4
 ITEMS_PER_THREAD = 4
 
 # Bytes of L2 one BRGEMM work item may fill with a block of activations plus its group of
-# dequantized weight panels: half of the 2 MiB per-core L2 of Sapphire/Emerald Rapids, leaving the
-# rest to the output tile and oneDNN. More panels per group means fewer re-reads of the
-# activations from L3.
-BRGEMM_L2_BYTES = 1 << 20
+# dequantized weight panels: three quarters of the 2 MiB per-core L2 of Sapphire/Emerald Rapids,
+# leaving the rest to the output tiles and oneDNN. Every item reads all blocks of its expert run
+# again, so the group sets how often activations are re-read: at gpt-oss-20b's 3000 tokens
+# (375 rows per expert, K = 2880) a group of 2 gated panel pairs (the half-L2 budget) re-reads
+# 3.2 GB of activations per call, more than the L3 keeps once the caches outgrow it; 3 pairs cut
+# that by a third (qwen3-30b-a3b stage 1: 5 pairs instead of 3).
+BRGEMM_L2_BYTES = 3 << 19
 # Upper bound on panels per group (bytes of C scratch per thread grow with it).
 MAX_PANEL_GROUP = 8
 # How far ahead of the K pair row being decoded the AVX-512 micro-kernels prefetch the weight

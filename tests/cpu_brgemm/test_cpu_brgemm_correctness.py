@@ -7,7 +7,7 @@ import pytest
 import torch
 from cpu_brgemm_helpers import check_against_reference, isa_params, machine_target, make_kernel, weights_for
 
-from backends.cpu_brgemm.policy import POLICIES
+from backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, BRGEMM_L2_BYTES, POLICIES
 from hal import synth
 from hal.spec import MoESpec
 
@@ -140,10 +140,13 @@ def test_fp8_zero_and_subnormals_decode_exactly(isa):
 
 @pytest.mark.parametrize("isa", isa_params())
 def test_brgemm_panel_groups_with_ragged_last_group(isa):
-    """K = 2624 leaves room in the L2 budget for two gate/up panel pairs per BRGEMM item, so the
-    five panels of I = 160 run as groups of 2, 2 and 1; TinyGEMM blocks share the items."""
-    spec = MoESpec(num_experts=4, top_k=2, hidden_size=2624, intermediate_size=160,
+    """K = 4096 leaves room in the L2 budget (BRGEMM_L2_BYTES) for two gate/up panel pairs per
+    BRGEMM item, so the five panels of I = 160 run as groups of 2, 2 and 1; TinyGEMM blocks share
+    the items."""
+    spec = MoESpec(num_experts=4, top_k=2, hidden_size=4096, intermediate_size=160,
                    weight_format="fp8_block128", has_bias=True)
+    activations, pair = BLOCK_M * 4096 * 2, 2 * 4096 * BLOCK_N * 2  # bf16 bytes
+    assert (BRGEMM_L2_BYTES - activations) // pair == 2
     weights = weights_for(spec, seed=21)
     base = make_kernel(spec, machine_target(), isa)
     prepared = base.prepare_weights(weights)
