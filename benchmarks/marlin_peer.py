@@ -332,6 +332,18 @@ def prepare(name: str, spec: MoESpec, peer_lib) -> Layer:
     return Layer(name, spec, kernel, prepared, peer)
 
 
+def attributes_record(layer: Layer) -> dict:
+    """What the config rule reads (the GPU's occupancy fields, every compiled kernel's registers and
+    shared memory), so a rule can be replayed offline against the sweep."""
+    table = layer.kernel.kernel_attributes()
+    gpu = layer.kernel._gpu
+    fields = ("name", "arch", "sm_count", "smem_per_block", "smem_per_block_optin", "smem_per_sm",
+              "regs_per_sm", "regs_per_block", "max_threads_per_sm", "max_threads_per_block")
+    return dict(kind="attrs", shape=layer.name, specialization=layer.kernel.specialization.describe(),
+                gpu={f: getattr(gpu, f) for f in fields},
+                kernels={i: attrs.asdict(a) for i, a in table.items()})
+
+
 def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool):
     kernel, peer, prepared = layer.kernel, layer.peer, layer.prepared
     sets = input_sets(layer.spec, T)
@@ -378,6 +390,25 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
         best1 = min(g1s, key=lambda g: med1[label(g)])
         med2 = timer.time({label(g2): [functools.partial(run_forced, kernel, data, *s, o, bm, best1, g2)
                                        for s, o in zip(sets, outs, strict=True)] for g2 in g2s}, samples)
+        best2 = min(g2s, key=lambda g: med2[label(g)])
+        # K splits around the rule's, for the fastest config of each GEMM.
+        more = {}
+        for gemm, best, k in ((1, best1, k1), (2, best2, k2)):
+            for f in (0.25, 0.5, 2, 4):
+                sp = int(best.splits * f)
+                if sp < 1 or sp > 16 or k % (sp * best.config.thread_k):
+                    continue
+                g = attrs.evolve(best, splits=sp, expected_ctas=best.expected_ctas // best.splits * sp)
+                g1, g2 = (g, best2) if gemm == 1 else (best1, g)
+                more[(gemm, g)] = [functools.partial(run_forced, kernel, data, *s, o, bm, g1, g2)
+                                   for s, o in zip(sets, outs, strict=True)]
+        med3 = timer.time({f"{gm}:{label(g)}": c for (gm, g), c in more.items()}, samples) if more else {}
+        for gm, g in more:
+            sink.emit(dict(kind="splits", shape=layer.name, tokens=T, block_m=bm, gemm=gm,
+                           config=g.config.describe(), splits=g.splits,
+                           rule_splits=(best1, best2)[gm - 1].splits,
+                           layer_us=med3[f"{gm}:{label(g)}"],
+                           base_us=min(med1.values()) if gm == 1 else min(med2.values())))
         for gemm, gs, med, chosen in ((1, g1s, med1, rule.gemm13), (2, g2s, med2, rule.gemm2)):
             for g in gs:
                 sink.emit(dict(kind="sweep", shape=layer.name, tokens=T, block_m=bm, gemm=gemm,
@@ -432,6 +463,8 @@ def main() -> int:
             layers.append(prepare(name, specs[name], peer_lib))
         except Exception as exc:  # one failing shape must not lose the others
             print(f"# {name}: FAILED to prepare: {type(exc).__name__}: {exc}", flush=True)
+    for layer in layers:
+        sink.emit(attributes_record(layer))
     work = [(layer_point, layer, T) for layer in layers for T in tokens]
     work += [(sweep_point, layer, T) for T in sweep for layer in layers]
     checked = set()
