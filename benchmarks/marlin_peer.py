@@ -377,7 +377,13 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
     outs = [torch.empty_like(s[0]) for s in sets]
     rule = kernel._choice(T)
     n1, k1, n2, k2 = spec.w13_rows, spec.hidden_size, spec.hidden_size, spec.intermediate_size
+    # Routes of an expert that has any; block sizes far from it (a quarter of it or less, or more
+    # than twice it and above 16) are not timed.
+    p = min(1.0, spec.top_k / spec.num_experts)
+    rows = T * p / (1 - (1 - p) ** T)
     for bm in configs.BLOCK_M_CHOICES:
+        if bm * 4 <= rows or bm > max(16, 2 * rows):
+            continue
         cands = [c for c in configs.candidates() if c.block_m == bm]
         g1s = [g for g in (forced_choice(kernel, T, bm, c, n1, k1) for c in cands) if g]
         g2s = [g for g in (forced_choice(kernel, T, bm, c, n2, k2) for c in cands) if g]
