@@ -344,6 +344,21 @@ def attributes_record(layer: Layer) -> dict:
                 kernels={i: attrs.asdict(a) for i, a in table.items()})
 
 
+def call_work(spec: MoESpec, sets, expert_map) -> tuple:
+    """(checkpoint bytes of the local experts a call touches, 2 x multiply-adds of its local
+    routes), averaged over the input sets: int4 weights plus one bf16 scale per 128 along K."""
+    macs_per_route = spec.w13_rows * spec.hidden_size + spec.hidden_size * spec.intermediate_size
+    per_expert = macs_per_route * (0.5 + 2 / 128)
+    touched = routes = 0
+    for _, _, ti in sets:
+        ids = ti.long().flatten()
+        local = ids if expert_map is None else expert_map.long()[ids]
+        local = local[local >= 0]
+        touched += int(local.unique().numel())
+        routes += int(local.numel())
+    return per_expert * touched / len(sets), 2 * macs_per_route * routes / len(sets)
+
+
 def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool):
     kernel, peer, prepared = layer.kernel, layer.peer, layer.prepared
     sets = input_sets(layer.spec, T)
@@ -354,8 +369,10 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
     med = timer.time(variants, samples)
+    work = call_work(layer.spec, sets, layer.prepared.data.expert_map)
     rec = dict(kind="layer", shape=layer.name, tokens=T, marlin_us=med["marlin"],
-               plan=kernel.plan(T).describe())
+               plan=kernel.plan(T).describe(), weight_bytes=work[0], flops=work[1],
+               marlin_gbps=work[0] / med["marlin"] / 1e3, marlin_tflops=work[1] / med["marlin"] / 1e6)
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -447,6 +464,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()
     specs = shape_specs()
     names = [s for s in args.shapes.split(",") if s]
@@ -463,6 +482,12 @@ def main() -> int:
     timer = Timer()
     print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}",
           flush=True)
+    if args.ceilings:
+        from hal.bench.ceilings import measure
+
+        c = measure("cuda")
+        sink.emit(dict(kind="ceilings", copy_gbps=c.copy_gbps, bf16_tflops=c.bf16_tflops,
+                       launch_us=c.launch_us))
     layers = []
     for name in names:
         try:
