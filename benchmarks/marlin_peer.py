@@ -359,12 +359,55 @@ def call_work(spec: MoESpec, sets, expert_map) -> tuple:
     return per_expert * touched / len(sets), 2 * macs_per_route * routes / len(sets)
 
 
-def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool):
+# The occupancy-first rule, timed beside the cost model with --ab: block_m from the padding rule
+# (configs.block_m_for), then per GEMM the most blocks per SM (capped at 4 up to 64 tokens, 2
+# above), ties to more waves of blocks (up to 8) for small batches or to the larger tile, with the
+# fewest K splits that fill the resident slots.
+OCC_FIRST_SMALL_TOKENS, OCC_FIRST_CAPS, OCC_FIRST_WAVES = 64, (4, 2), 8
+
+
+def occupancy_first_choice(kernel, tokens: int):
+    from backends.marlin import configs
+
+    spec, table = kernel.spec, kernel.kernel_attributes()
+    gpu, bucket = kernel._gpu, configs.token_bucket(tokens)
+    small = bucket <= OCC_FIRST_SMALL_TOKENS
+    cap = OCC_FIRST_CAPS[0] if small else OCC_FIRST_CAPS[1]
+    bm = configs.block_m_for(spec, bucket)
+    m_blocks = configs.expected_blocks(spec, bucket, bm)
+    slots_per_sm = gpu.sm_count
+
+    def gemm(n, k):
+        scored = []
+        for c in configs.candidates():
+            if c.block_m != bm or not configs.fits(c, n, k):
+                continue
+            per_sm, limiter = configs.blocks_per_sm(gpu, c, table[c.index], cap)
+            if per_sm == 0:
+                continue
+            ctas, slots = m_blocks * (n // c.thread_n), slots_per_sm * per_sm
+            splits = configs.splits_for(c, n, k, ctas, slots)
+            area = c.thread_n * c.thread_k
+            key = ((per_sm, min(ctas * splits / slots, OCC_FIRST_WAVES), -splits, area) if small
+                   else (per_sm, -splits, area))
+            scored.append((key, configs.GemmChoice(c, splits, per_sm, limiter, ctas * splits)))
+        return max(scored, key=lambda item: item[0])[1]
+
+    return bm, gemm(spec.w13_rows, spec.hidden_size), gemm(spec.hidden_size, spec.intermediate_size)
+
+
+def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool,
+                ab: bool = False):
     kernel, peer, prepared = layer.kernel, layer.peer, layer.prepared
     sets = input_sets(layer.spec, T)
     outs = [torch.empty_like(s[0]) for s in sets]
     variants = {"marlin": [lambda s=s, o=o: kernel(*s, prepared, out=o, check=False)
                            for s, o in zip(sets, outs, strict=True)]}
+    if ab:
+        bm, g13, g2 = occupancy_first_choice(kernel, T)
+        variants["occupancy_first"] = [
+            functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
+            for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
@@ -373,6 +416,10 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     rec = dict(kind="layer", shape=layer.name, tokens=T, marlin_us=med["marlin"],
                plan=kernel.plan(T).describe(), weight_bytes=work[0], flops=work[1],
                marlin_gbps=work[0] / med["marlin"] / 1e3, marlin_tflops=work[1] / med["marlin"] / 1e6)
+    if ab:
+        rec.update(occupancy_first_us=med["occupancy_first"],
+                   occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
+                   vs_occupancy_first=med["occupancy_first"] / med["marlin"])
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -464,6 +511,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
+    parser.add_argument("--ab", action="store_true",
+                        help="also time the occupancy-first config rule (the A/B of the cost model)")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()
@@ -505,7 +554,7 @@ def main() -> int:
             break
         try:
             if what is layer_point:
-                layer_point(layer, T, args.samples, timer, sink, layer.name not in checked)
+                layer_point(layer, T, args.samples, timer, sink, layer.name not in checked, args.ab)
                 checked.add(layer.name)
             else:
                 sweep_point(layer, T, max(6, args.samples // 2), timer, sink)
