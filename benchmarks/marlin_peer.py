@@ -33,7 +33,10 @@ from hal.presets import PRESETS
 from hal.spec import MoESpec, MoEWeights
 
 ROTATE = 4  # input sets (tokens + routing) cycled through; each is its own CUDA graph
-FLUSH_BYTES = 256 << 20  # written before every timed call: over 4x the H200's 60 MB L2
+# Read before every timed call: over 4x the H200's 60 MB L2. Read, not written: a written buffer
+# leaves L2 full of dirty lines whose write-back would then compete with the timed call's loads
+# (up to ~60 MB, ~14 us at 4.3 TB/s, most of a decode call).
+FLUSH_BYTES = 256 << 20
 BLOCK_M_PEER = (8, 16, 32, 48, 64)  # vLLM's moe_block_size candidates
 GPT_OSS_LIKE = dict(num_experts=128, top_k=4, hidden_size=2944, intermediate_size=2944,
                     weight_format="int4_g128", activation="swiglu_oai")
@@ -249,7 +252,8 @@ class Timer:
     between two events, so the GPU never waits for the host inside the timed span."""
 
     def __init__(self):
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+        self.flush_sum = torch.empty((), dtype=torch.float32, device="cuda")
         self.stream = torch.cuda.Stream()
         # One memory pool for every graph: a call's temporaries are freed inside its capture, and
         # the graphs replay one at a time, so they can share it (without, the sweep's many graphs
@@ -280,7 +284,7 @@ class Timer:
             for s in range(samples):
                 for name in (names if s % 2 == 0 else names[::-1]):
                     gs = graphs[name]
-                    self.flush.zero_()
+                    torch.sum(self.flush, dim=0, out=self.flush_sum)
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     gs[s % len(gs)].replay()
