@@ -558,8 +558,11 @@ def main() -> int:
             break
         try:
             if what is layer_point:
-                layer_point(layer, T, args.samples, timer, sink, layer.name not in checked, args.ab)
-                checked.add(layer.name)
+                # Outputs compared once per layer, at 64 tokens or more (every expert has routes).
+                check = layer.name not in checked and T >= 64
+                layer_point(layer, T, args.samples, timer, sink, check, args.ab)
+                if check:
+                    checked.add(layer.name)
             else:
                 sweep_point(layer, T, max(6, args.samples // 2), timer, sink)
         except Exception as exc:
