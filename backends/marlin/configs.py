@@ -5,12 +5,14 @@ synthetic attributes.
 The candidates come from csrc/cuda/marlin_moe_configs.h (parsed here, so the compiled table and this
 list cannot disagree). Two policies:
 
-  occupancy    blocks per SM from the register file, shared memory and thread slots, capped at
-               SMALL_M_BLOCK_CAP for small batches and LARGE_M_BLOCK_CAP otherwise; the most
-               concurrent blocks win; ties go to more waves of blocks (up to TARGET_WAVES) for
-               small batches, then to the larger tile.
-  first_valid  the baseline: the first candidate in table order that fits the shape and the shared
-               memory.
+  occupancy    every (block_m, config, K split) is priced by a cost model (gemm_cost) in which
+               blocks per SM, from the register file, shared memory and thread slots, set how fast
+               an SM streams; block_m, shared by both GEMMs, goes to the cheapest layer. Among a
+               GEMM's configs within COST_TIE of the cheapest, the most weight bytes in flight per
+               block wins (the 256-wide, 3-stage tile at decode), then fewer K splits.
+  first_valid  the baseline: block_m from the padding rule (block_m_for), the first candidate in
+               table order that fits the shape and the shared memory, the fewest K splits that
+               fill the GPU.
 """
 
 from __future__ import annotations
@@ -31,17 +33,12 @@ POLICIES = ("occupancy", "first_valid")
 
 # --- tuning constants -------------------------------------------------------------------------
 BLOCK_M_CHOICES = (8, 16, 32, 48, 64)  # rows per MoE block the kernels are compiled for
-# What one more MoE block costs besides its rows, in rows of compute: the block streams its
-# expert's weight slab once more (from HBM or L2) and pays a pipeline fill and an epilogue. At
-# ~3 TB/s and ~300 TFLOP/s of W4A16 mma.sync, streaming an expert costs about as much as 25 rows of
-# its compute; blocks of one expert that run together share L2, hence the lower 16.
+# The first_valid baseline's block_m rule: what one more MoE block costs besides its rows, in rows
+# of compute (the block streams its expert's weight slab once more and pays a pipeline fill).
 BLOCK_OVERHEAD_ROWS = 16
-# Tokens at or below which a batch counts as "small M" (decode): up to 4 blocks per SM then pay,
-# since each block holds few rows and latency hiding comes from more blocks in flight. Above it the
-# blocks are large and 2 per SM already keep the tensor cores fed.
-SMALL_M_TOKENS = 64
-SMALL_M_BLOCK_CAP = 4
-LARGE_M_BLOCK_CAP = 2
+# Blocks per SM the chooser asks for at most: more resident blocks hide more latency, and past 4
+# the register file of these kernels (96-255 registers a thread) holds no more anyway.
+MAX_BLOCKS_PER_SM = 4
 # CUDA reserves 1 KiB of shared memory per resident block on sm_80 and later.
 SMEM_RESERVED_PER_BLOCK = 1024
 # Registers are allocated per warp in units of 256 (sm_80 / sm_90 allocation granularity).
@@ -55,12 +52,27 @@ MAX_SPLITS = 16
 # skewed routings without launching the many blocks the worst-case bound would (they would only
 # read the count and exit, a few microseconds at decode).
 GRID_M_SLACK = 2
-# Problem parallelism, the tie-break between configs of equal occupancy for small batches: up to
-# this many waves of thread blocks over the resident slots, more waves win (more weight loads in
-# flight, a smaller tail; measured on the H200, 64-wide tiles beat 256-wide ones by 3-7% at 8-64
-# tokens). Large batches have waves to spare, and there the larger tile wins: it re-reads the
-# activations fewer times (1.4-1.75x over the 64-wide first-valid config at 2048 tokens).
-TARGET_WAVES = 8
+# --- the cost model (policy "occupancy") -------------------------------------------------------
+# A GEMM's modeled time, in bytes streamed at one SM's share of the memory bandwidth: the busiest
+# SM runs ceil(thread blocks / SMs) blocks one after another, each block's work is the larger of
+# its bytes (int4 weight tile, bf16 activations, fp32 output) and its multiply-adds over
+# MACS_PER_BYTE, plus CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
+# resident blocks works at r / (r + HALF_RATE_BLOCKS) of its rate (one block stalls the SM at
+# every stage barrier; a second one fills those stalls). Activation bytes count in full although
+# they come from L2: a block re-reads its rows' activations for every K stage, through the same
+# shared-memory pipeline as the weights. Checked on the H200 against a sweep of every block_m,
+# config and K split at 16-256 tokens over seven MoE layers (benchmarks/marlin_peer.py
+# --sweep-tokens; docs/backends/marlin.md): within 1.2% of the fastest on average, 5.3% at worst.
+MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compute and memory balance
+# Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
+# sub and mul per register run beside the mma, once per block however many rows it holds).
+DEQUANT_ROWS = 16
+CTA_FIXED_BYTES = 16384  # ~0.5 us of one SM's share of 4 TB/s
+HALF_RATE_BLOCKS = 1.0
+OUTPUT_BYTES = 4  # fp32 partials (GEMM 1) or fp32 atomics (GEMM 2) per output element
+# Configs within this fraction of the cheapest count as equal; among them the most resident blocks
+# per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
+COST_TIE = 0.03
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -106,11 +118,13 @@ class GemmChoice:
     blocks_per_sm: int
     limiter: str  # what bounds blocks_per_sm: regs | smem | threads | cap
     expected_ctas: int
+    cost: float = 0.0  # modeled time (gemm_cost), comparable between choices of one GEMM
 
     def describe(self) -> str:
         split = f" x{self.splits} K-splits" if self.splits > 1 else ""
         return (f"{self.config.describe()}{split}, {self.blocks_per_sm} blocks/SM "
-                f"(bound by {self.limiter}), ~{self.expected_ctas} live blocks")
+                f"(bound by {self.limiter}), ~{self.expected_ctas} live blocks, modeled "
+                f"{self.cost / 1e6:.2f}")
 
 
 def _parse_header(text: str) -> tuple:
@@ -212,8 +226,8 @@ def blocks_per_sm(gpu: GpuCaps, config: LaunchConfig, attrs_: KernelAttrs, cap: 
 
 
 def splits_for(config: LaunchConfig, n: int, k: int, ctas: int, slots: int) -> int:
-    """Fewest K splits (a power of two) that give every concurrent slot a block, keeping at least
-    MIN_K_TILES_PER_SPLIT stages of thread_k per split."""
+    """The baseline's K splits: the fewest (a power of two) that give every concurrent slot a block,
+    keeping at least MIN_K_TILES_PER_SPLIT stages of thread_k per split."""
     splits = 1
     while (ctas * splits < slots and splits * 2 <= MAX_SPLITS
            and k % (splits * 2 * config.thread_k) == 0
@@ -222,43 +236,70 @@ def splits_for(config: LaunchConfig, n: int, k: int, ctas: int, slots: int) -> i
     return splits
 
 
+def split_options(config: LaunchConfig, k: int) -> list:
+    """Every K split (a power of two up to MAX_SPLITS) that divides K into whole stages and keeps at
+    least MIN_K_TILES_PER_SPLIT of them per split."""
+    out, splits = [], 1
+    while (splits <= MAX_SPLITS and k % (splits * config.thread_k) == 0
+           and (splits == 1 or k // splits >= MIN_K_TILES_PER_SPLIT * config.thread_k)):
+        out.append(splits)
+        splits *= 2
+    return out
+
+
 def fits(config: LaunchConfig, n: int, k: int) -> bool:
     return n % config.thread_n == 0 and k % config.thread_k == 0
 
 
+def inflight_bytes(config: LaunchConfig) -> int:
+    """Weight bytes one block has in flight: its pipeline stages of int4 tile."""
+    return config.stages * config.thread_k * config.thread_n // 2
+
+
+def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, per_sm: int, splits: int,
+              n: int, k: int) -> float:
+    """Modeled time of one GEMM (see MACS_PER_BYTE above), in bytes at one SM's share of the
+    memory bandwidth."""
+    blocks = spec.local_experts * blocks_per_expert(spec, tokens, config.block_m)
+    ctas = max(1.0, blocks) * (n // config.thread_n) * splits
+    rounds = math.ceil(ctas / (gpu.sm_count or 1))
+    k_split = k / splits
+    memory = (config.thread_n * k_split / 2 + config.block_m * k_split * 2
+              + config.block_m * config.thread_n * OUTPUT_BYTES)
+    compute = (config.block_m + DEQUANT_ROWS) * config.thread_n * k_split / MACS_PER_BYTE
+    resident = min(per_sm, rounds)
+    return rounds * (max(memory, compute) + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
+
+
 def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, n: int, k: int,
                 policy: str = "occupancy") -> GemmChoice:
-    """The config for one GEMM of n outputs over k inputs. `table` maps LaunchConfig.index ->
-    KernelAttrs."""
+    """The config and K split for one GEMM of n outputs over k inputs at one block_m. `table` maps
+    LaunchConfig.index -> KernelAttrs."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not allowed: expected one of {', '.join(POLICIES)}")
-    small = tokens <= SMALL_M_TOKENS
-    cap = SMALL_M_BLOCK_CAP if small else LARGE_M_BLOCK_CAP
     m_blocks = expected_blocks(spec, tokens, block_m)
     sm_count = gpu.sm_count or 1
     scored = []
     for config in candidates():
         if config.block_m != block_m or not fits(config, n, k) or config.index not in table:
             continue
-        per_sm, limiter = blocks_per_sm(gpu, config, table[config.index], cap)
+        per_sm, limiter = blocks_per_sm(gpu, config, table[config.index], MAX_BLOCKS_PER_SM)
         if per_sm == 0:
             continue
         ctas = m_blocks * (n // config.thread_n)
-        slots = sm_count * per_sm
-        splits = splits_for(config, n, k, ctas, slots)
-        choice = GemmChoice(config, splits, per_sm, limiter, ctas * splits)
         if policy == "first_valid":
-            return choice
-        area = config.thread_n * config.thread_k
-        if small:
-            waves = min(ctas * splits / slots, TARGET_WAVES)
-            scored.append(((per_sm, waves, -splits, area), choice))
-        else:
-            scored.append(((per_sm, -splits, area), choice))
+            splits = splits_for(config, n, k, ctas, sm_count * per_sm)
+            return GemmChoice(config, splits, per_sm, limiter, ctas * splits,
+                              gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k))
+        for splits in split_options(config, k):
+            cost = gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k)
+            scored.append(GemmChoice(config, splits, per_sm, limiter, ctas * splits, cost))
     if not scored:
         raise ValueError(f"no compiled Marlin config fits n={n}, k={k}, block_m={block_m} on "
                          f"{gpu.name or gpu.arch} (shared memory opt-in {gpu.smem_per_block_optin} B)")
-    return max(scored, key=lambda item: item[0])[1]
+    cheapest = min(c.cost for c in scored)
+    near = [c for c in scored if c.cost <= cheapest * (1 + COST_TIE)]
+    return min(near, key=lambda c: (-c.blocks_per_sm, -inflight_bytes(c.config), c.splits, c.cost))
 
 
 @attrs.frozen
@@ -268,16 +309,40 @@ class LayerChoice:
     gemm13: GemmChoice
     gemm2: GemmChoice
     policy: str
+    # (block_m, modeled layer cost) of every block size the occupancy policy priced, cheapest
+    # first: why this block_m (empty for first_valid, which takes the padding rule's).
+    block_m_costs: tuple = ()
+
+    @property
+    def cost(self) -> float:
+        return self.gemm13.cost + self.gemm2.cost
 
 
 def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int,
                  policy: str = "occupancy") -> LayerChoice:
-    """Both GEMMs of the layer for one token bucket; they share block_m (one routing)."""
-    block_m = block_m_for(spec, tokens_bucket)
-    g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.w13_rows, spec.hidden_size, policy)
-    g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.hidden_size,
-                     spec.intermediate_size, policy)
-    return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
+    """Both GEMMs of the layer for one token bucket; they share block_m (one routing). The
+    occupancy policy models every compiled block_m with its best configs and takes the cheapest
+    (ties to the smaller block); first_valid takes block_m_for's padding rule."""
+    def at(block_m):
+        g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.w13_rows, spec.hidden_size, policy)
+        g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.hidden_size,
+                         spec.intermediate_size, policy)
+        return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
+
+    if policy == "first_valid":
+        return at(block_m_for(spec, tokens_bucket))
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is not allowed: expected one of {', '.join(POLICIES)}")
+    options, errors = [], []
+    for block_m in BLOCK_M_CHOICES:
+        try:
+            options.append(at(block_m))
+        except ValueError as exc:
+            errors.append(str(exc))
+    if not options:
+        raise ValueError("; ".join(errors))
+    options.sort(key=lambda c: (c.cost, c.block_m))
+    return attrs.evolve(options[0], block_m_costs=tuple((c.block_m, c.cost) for c in options))
 
 
 def attrs_table(rows: Sequence[Sequence[int]]) -> dict:

@@ -134,7 +134,8 @@ class MarlinMoEKernel(MoEKernel):
                           max_blocks=configs.max_blocks(self.spec, tokens, bm),
                           grid_m=configs.grid_m(self.spec, tokens, bm), gemm13=choice.gemm13,
                           gemm2=choice.gemm2, policy=self.policy,
-                          specialization=self.specialization.describe())
+                          specialization=self.specialization.describe(),
+                          block_m_costs=choice.block_m_costs)
 
     def _run(self, x, topk_weights, topk_ids, data: MarlinWeights, out) -> None:
         spec = self.spec
