@@ -191,6 +191,7 @@ class Row:
     peer_gemms_us: float | None
     ratio: float | None  # peer / ours
     ratio_gemms: float | None  # peer GEMMs alone / ours
+    grouped_us: float | None  # triton_moe with gemv=False, where the rule picks the GEMV path
     diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
     plan: str
     peer_config: str
@@ -205,6 +206,8 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     weights = device_weights(spec, 7, device)
     kernel = TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
+    grouped = TritonMoEKernel(spec, target, gemv=False)
+    grouped_prepared = grouped.prepare_weights(weights)
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
@@ -216,48 +219,63 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
         if time.monotonic() > deadline:
             print(f"# {name} T={tokens}: skipped (time budget spent)", file=log, flush=True)
             continue
-        sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
-        outs = [torch.empty_like(x) for x, _, _ in sets]
-        sides = {"ours": [(lambda s=s, o=o, p=prepared: kernel(s[0], s[1], s[2], p, out=o, check=False))
-                          for s, o in zip(sets, outs, strict=True)]}
-        diff = None
-        peer_config = ""
-        if peer is not None:
-            peer_outs = [torch.empty_like(x) for x, _, _ in sets]
-            calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, peer_outs, strict=True)]
-            sides["peer"] = [c.run for c in calls]
-            sides["peer_gemms"] = [c.run_gemms for c in calls]
-            peer_config = json.dumps(calls[0].config, sort_keys=True) + (" naive" if calls[0].naive else "")
-            for c in calls:
-                c.run()
-        for call in sides["ours"]:
-            call()
-        if device != "cpu":
-            torch.cuda.synchronize()
-        if peer is not None and peer_fmt == ours_fmt:
-            diff = rel_err(outs[0], peer_outs[0])
-        times = time_sides(sides, iters, device)
-        flops = routes * spec.flops_per_token()
-
-        def roof(fmt_spec, seconds, touched=touched, flops=flops):
-            rate = fp8_rate if fmt_spec.weight_format == "fp8_block128" else ceil.bf16_tflops
-            floor = max(touched * fmt_spec.weight_bytes_per_expert() / (ceil.copy_gbps * 1e9),
-                        flops / (rate * 1e12))
-            return floor / seconds
-
-        ours = times["ours"]
-        row = Row(name, tokens, ours * 1e6, roof(spec, ours),
-                  times["peer"] * 1e6 if peer else None, roof(peer_spec, times["peer"]) if peer else None,
-                  times["peer_gemms"] * 1e6 if peer else None,
-                  times["peer"] / ours if peer else None, times["peer_gemms"] / ours if peer else None,
-                  diff, kernel.plan(tokens).config.describe(), peer_config)
-        rows.append(row)
-        print(format_row(row), file=log, flush=True)
-        del sides, sets, outs
-    del prepared, weights, peer
+        try:
+            rows.append(run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared,
+                                  peer, peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device))
+        except Exception as exc:  # one failing point is reported; the others still run
+            print(f"# {name} T={tokens}: failed: {type(exc).__name__}: {str(exc)[:400]}", file=log,
+                  flush=True)
+            continue
+        print(format_row(rows[-1]), file=log, flush=True)
+    del prepared, grouped_prepared, weights, peer
     if device != "cpu":
         torch.cuda.empty_cache()
     return rows
+
+
+def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared, peer, peer_spec,
+              same_weights, ceil, fp8_rate, iters, device) -> Row:
+    sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
+    outs = [torch.empty_like(x) for x, _, _ in sets]
+    sides = {"ours": [(lambda s=s, o=o, p=prepared: kernel(s[0], s[1], s[2], p, out=o, check=False))
+                      for s, o in zip(sets, outs, strict=True)]}
+    if kernel.plan(tokens).config.gemv1 is not None:
+        sides["grouped"] = [(lambda s=s, o=o, p=grouped_prepared: grouped(s[0], s[1], s[2], p, out=o,
+                                                                         check=False))
+                            for s, o in zip(sets, outs, strict=True)]
+    diff = None
+    peer_config = ""
+    if peer is not None:
+        peer_outs = [torch.empty_like(x) for x, _, _ in sets]
+        calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, peer_outs, strict=True)]
+        sides["peer"] = [c.run for c in calls]
+        sides["peer_gemms"] = [c.run_gemms for c in calls]
+        peer_config = json.dumps(calls[0].config, sort_keys=True) + (" naive" if calls[0].naive else "")
+        for c in calls:
+            c.run()
+    for call in sides["ours"]:
+        call()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    if peer is not None and same_weights:
+        diff = rel_err(outs[0], peer_outs[0])
+    times = time_sides(sides, iters, device)
+    flops = routes * spec.flops_per_token()
+
+    def roof(fmt_spec, seconds, touched=touched, flops=flops):
+        rate = fp8_rate if fmt_spec.weight_format == "fp8_block128" else ceil.bf16_tflops
+        floor = max(touched * fmt_spec.weight_bytes_per_expert() / (ceil.copy_gbps * 1e9),
+                    flops / (rate * 1e12))
+        return floor / seconds
+
+    ours = times["ours"]
+    row = Row(name, tokens, ours * 1e6, roof(spec, ours),
+              times["peer"] * 1e6 if peer else None, roof(peer_spec, times["peer"]) if peer else None,
+              times["peer_gemms"] * 1e6 if peer else None,
+              times["peer"] / ours if peer else None, times["peer_gemms"] / ours if peer else None,
+              times["grouped"] * 1e6 if "grouped" in times else None,
+              diff, kernel.plan(tokens).config.describe(), peer_config)
+    return row
 
 
 def _opt(v, fmt):
@@ -265,13 +283,13 @@ def _opt(v, fmt):
 
 
 HEADER = ("| case | T | triton_moe us | roof | peer us | roof | peer GEMMs us | peer/ours | "
-          "GEMMs/ours | diff |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "GEMMs/ours | diff | grouped us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def format_row(r: Row) -> str:
     return (f"| {r.case} | {r.tokens} | {r.ours_us:.1f} | {r.ours_roof:.0%} | {_opt(r.peer_us, '.1f')} | "
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
-            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} |")
+            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.grouped_us, '.1f')} |")
 
 
 def geomean(values) -> float:

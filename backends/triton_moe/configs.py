@@ -30,6 +30,12 @@ FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
+GEMV_FORMATS = ("bf16", "fp8_block128", "mxfp4")
+GEMV_ROUTE_SHARE = 4
+GEMV_PROGRAMS_PER_SM = 4  # resident programs' loads in flight cover the memory latency
+GEMV_MAX_BLOCK_N = 32
+GEMV_MIN_BLOCK_N = 4
+GEMV_TILE_VALUES = {"bf16": 4096, "fp8_block128": 4096, "mxfp4": 8192}
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
@@ -56,6 +62,16 @@ class GemmConfig:
 
 
 @attrs.frozen
+class GemvConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+
+    def describe(self) -> str:
+        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps}"
+
+
+@attrs.frozen
 class LaunchConfig:
     tokens_bucket: int
     block_m: int
@@ -63,8 +79,14 @@ class LaunchConfig:
     gemm2: GemmConfig
     fp8_act: bool  # fp8 weights: True w8a8 (dynamic per-row activation quantization), False w8a16
     reasons: tuple  # one sentence per choice
+    # The decode path (gemv.py) where set: GEMV 1 + activation, GEMV 2 + top-k sum; the GEMM
+    # configs above are then unused.
+    gemv1: Optional[GemvConfig] = None
+    gemv2: Optional[GemvConfig] = None
 
     def describe(self) -> str:
+        if self.gemv1 is not None:
+            return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
         mode = " w8a8" if self.fp8_act else ""
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
@@ -138,9 +160,10 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConfig:
+def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
-    (True) or w8a16 (False) for fp8 weights instead of the rule."""
+    (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
+    GEMMs at decode too."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -178,7 +201,38 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConf
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))
+    if not (gemv and uses_gemv(spec, bucket, fp8_act)):
+        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))
+    gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
+    gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
+    reasons = [r for r in reasons if "w8a" in r]
+    reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x {GEMV_ROUTE_SHARE} <= "
+                   "experts): experts rarely share a route, so one GEMV per route on the CUDA cores, no "
+                   "grouping, the top-k sum inside GEMV 2: two launches")
+    reasons.append(f"BLOCK_N {gemv1.block_n}/{gemv2.block_n} gives >= {GEMV_PROGRAMS_PER_SM} programs per "
+                   f"SM on {sms} SMs where N allows; BLOCK_K fills "
+                   f"{GEMV_TILE_VALUES[spec.weight_format]}-value tiles")
+    return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), gemv1, gemv2)
+
+
+def _gemv(n: int, k: int, units: float, fmt: str, sms: int) -> GemvConfig:
+    """BLOCK_N halves from GEMV_MAX_BLOCK_N until `units` (routes or tokens) x N tiles give
+    GEMV_PROGRAMS_PER_SM programs per SM; BLOCK_K then makes the tile GEMV_TILE_VALUES values
+    (about 8 KiB of bf16, 4 KiB of fp8 or mxfp4 per load), no longer than K needs."""
+    block_n = GEMV_MAX_BLOCK_N
+    while block_n > GEMV_MIN_BLOCK_N and units * math.ceil(n / block_n) < GEMV_PROGRAMS_PER_SM * sms:
+        block_n //= 2
+    values = GEMV_TILE_VALUES[fmt]
+    unit = 32 if fmt == "mxfp4" else 128  # one mxfp4 scale group / one fp8 scale block
+    block_k = max(unit, min(values // block_n, 1 << math.ceil(math.log2(max(k, unit)))))
+    return GemvConfig(block_n, block_k, 8 if values > 4096 else 4)
+
+
+def uses_gemv(spec, bucket: int, fp8_act: bool) -> bool:
+    """The decode path where experts rarely share a route (the rule of vLLM 0.33.0's naive block
+    assignment: routes x 4 <= experts) and the format has a GEMV step."""
+    return (spec.weight_format in GEMV_FORMATS and not fp8_act
+            and bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts)
 
 
 def _has_fp8_mma(gpu) -> bool:

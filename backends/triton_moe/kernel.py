@@ -1,7 +1,8 @@
 """The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
 de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
-ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two). Scratch sizes depend
+ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
+experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
@@ -16,6 +17,7 @@ import triton
 
 from backends.triton_moe import configs
 from backends.triton_moe.gemm import moe_gemm_kernel
+from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
 from backends.triton_moe.routing import (
     align_routes_kernel,
@@ -28,7 +30,8 @@ from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 
 NAME = "triton_moe"
-LAUNCHES = 4  # at decode; prefill groups routes in two launches
+LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
+GEMV_LAUNCHES = 2
 MXFP4_PATHS = ("dot_scaled", "bits")
 DEFAULT_MXFP4_PATH = "dot_scaled"
 SUM_BLOCK_H = 1024
@@ -104,11 +107,13 @@ class TritonMoEKernel(MoEKernel):
     backend = NAME
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
-                 mxfp4_path: Optional[str] = None):
+                 mxfp4_path: Optional[str] = None, gemv: bool = True):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
-        (values built from bit patterns and two plain dots; the only one with fp32 dots)."""
+        (values built from bit patterns and two plain dots; the only one with fp32 dots).
+        gemv=False runs decode through the grouped GEMMs as well (the rule's alternative, timed
+        beside it by benchmarks/triton_moe_peer.py)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -116,6 +121,7 @@ class TritonMoEKernel(MoEKernel):
             raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
                              + ", ".join(MXFP4_PATHS))
         self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
+        self.gemv = gemv
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -141,7 +147,7 @@ class TritonMoEKernel(MoEKernel):
         if chosen is None:
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
-            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act)
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv)
             self._configs[bucket] = chosen
         return chosen
 
@@ -152,6 +158,9 @@ class TritonMoEKernel(MoEKernel):
         path = WEIGHT_PATHS[self.spec.weight_format]
         if self.spec.weight_format == "fp8_block128":
             path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+        if config.gemv1 is not None:
+            path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
+            return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
         return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
 
@@ -199,6 +208,40 @@ class TritonMoEKernel(MoEKernel):
         for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
             launch()
 
+    def _gemv_launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out, config) -> Launches:
+        spec = self.spec
+        M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
+        routes = M * spec.top_k
+        ids = topk_ids.contiguous()
+        weights = topk_weights.contiguous()
+        has_map = data.expert_map is not None
+        id_map = data.expert_map if has_map else ids  # any tensor where there is no map
+        h = torch.empty(routes, I, dtype=x.dtype, device=x.device)
+        fmt = configs.FORMAT_CODES[spec.weight_format]
+        no_scale = (lambda t, w: w if t is None else t)  # noqa: E731
+        g1, g2 = config.gemv1, config.gemv2
+
+        def gemv1():
+            moe_gemv_first_kernel[(routes, triton.cdiv(I, g1.block_n))](
+                x, ids, id_map, data.w13, no_scale(data.s13, data.w13), no_scale(data.b13, data.w13), h,
+                routes, spec.num_experts, I, H, spec.w13_rows, data.w13.stride(0),
+                0 if data.s13 is None else data.s13.stride(0), math.ceil(H / 128), data.gate_stride,
+                data.up_offset, float(spec.swiglu_alpha), float(spec.swiglu_limit),
+                TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, FORMAT=fmt,
+                ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=data.b13 is not None,
+                BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, num_warps=g1.num_warps)
+
+        def gemv2_top_k_sum():
+            moe_gemv_second_kernel[(M, triton.cdiv(H, g2.block_n))](
+                h, ids, id_map, weights, data.w2, no_scale(data.s2, data.w2), no_scale(data.b2, data.w2),
+                out, routes, spec.num_experts, H, I, data.w2.stride(0),
+                0 if data.s2 is None else data.s2.stride(0), math.ceil(I / 128),
+                TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, FORMAT=fmt,
+                HAS_BIAS=data.b2 is not None, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k,
+                num_warps=g2.num_warps)
+
+        return Launches([("gemv1", gemv1), ("gemv2_top_k_sum", gemv2_top_k_sum)], dict(h=h))
+
     def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> Launches:
         """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
         a benchmark may time them one by one, a test read the scratch between them."""
@@ -206,6 +249,8 @@ class TritonMoEKernel(MoEKernel):
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
         config = self.config(M)
+        if config.gemv1 is not None:
+            return self._gemv_launches(x, topk_weights, topk_ids, data, out, config)
         bm = config.block_m
         max_padded, max_blocks = configs.max_rows(M, spec, bm)
         device = x.device

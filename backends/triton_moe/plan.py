@@ -12,13 +12,17 @@ from backends.triton_moe.configs import LaunchConfig
 class TritonMoEPlan:
     tokens: int
     config: LaunchConfig
-    max_blocks: int  # the GEMM grid along M: every routing of `tokens` tokens fits
+    max_blocks: int  # the GEMM grid along M: every routing of `tokens` tokens fits (0: GEMV path)
     launches: int  # dependent kernel launches per call
     weight_path: str  # how the weights reach the tensor cores
 
     def describe(self) -> str:
         c = self.config
         why = "; ".join(c.reasons)
+        if c.gemv1 is not None:
+            return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
+                    f"GEMV1 [{c.gemv1.describe()}] per route + activation -> GEMV2 [{c.gemv2.describe()}] "
+                    f"per token, x topk weight, summed over its routes; {self.weight_path}. Why: {why}")
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                 f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks}) -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "

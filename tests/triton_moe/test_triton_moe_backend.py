@@ -123,4 +123,6 @@ def test_plan_describes_the_call():
     kernel = TritonMoEKernel(spec("fp8_block128"), target("h200"))
     text = kernel.plan(4096).describe()
     assert "BLOCK_M 128" in text and "5 launches" in text and "w8a16" in text
-    assert "4 launches" in kernel.plan(1).describe()
+    assert "2 launches" in kernel.plan(1).describe() and "GEMV" in kernel.plan(1).describe()
+    grouped = TritonMoEKernel(spec("fp8_block128"), target("h200"), gemv=False)
+    assert "4 launches" in grouped.plan(1).describe()
