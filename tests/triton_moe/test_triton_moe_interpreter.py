@@ -106,6 +106,21 @@ def test_layer_matches_oracle(fmt, activation, bias, ep, oracle, weights_for):
     run_layer(small_spec(fmt, activation, bias, ep, H=H, I=I), 5, oracle, weights_for)
 
 
+@pytest.mark.parametrize("fmt,activation,H,I", [
+    ("bf16", "silu", 200, 72),
+    ("fp8_block128", "swiglu_oai", 200, 136),
+    ("mxfp4", "swiglu_oai", 224, 96),
+    ("mxfp4", "relu2", 224, 96),
+])
+def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
+    """Few routes over many experts: GEMV 1 per route, GEMV 2 with the top-k sum (two launches),
+    with bias, EP and dropped routes."""
+    spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU)
+    assert kernel.plan(2).launches == 2
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
 def test_int4_per_channel(oracle, weights_for):
     """group_size -1: one scale per output column over all of K."""
     spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,
