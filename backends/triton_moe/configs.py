@@ -30,6 +30,7 @@ FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
+WGMMA_MAJOR = 9
 GEMV_FORMATS = ("bf16", "fp8_block128", "mxfp4")
 GEMV_ROUTE_SHARE = 4
 GEMV_PROGRAMS_PER_SM = 4  # resident programs' loads in flight cover the memory latency
@@ -56,9 +57,11 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False  # W @ x.T: the weights dequantized in registers are the dot's first operand
 
     def describe(self) -> str:
-        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
+        swap = " swap-AB" if self.swap_ab else ""
+        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}{swap}"
 
 
 @attrs.frozen
@@ -160,10 +163,11 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = True) -> LaunchConfig:
+def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = True,
+           swap_ab: Optional[bool] = None) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
     (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
-    GEMMs at decode too."""
+    GEMMs at decode too; swap_ab forces fp8 w8a16's operand order either way."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -194,6 +198,15 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = 
                   a_bits, sms, smem, amd)
     gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                   smem, amd)
+    if fp8 and not fp8_act:
+        # At decode (BLOCK_M <= 32) the weight stream bounds the call and the N tiles are too
+        # narrow for a 64-row wgmma: the rule swaps at prefill only.
+        rule = _has_wgmma(gpu) and not decode
+        swap = rule if swap_ab is None else bool(swap_ab)
+        gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=swap), attrs.evolve(gemm2, swap_ab=swap)
+        if swap:
+            reasons.append("swap-AB: the fp8 weights converted in registers are wgmma's first operand, "
+                           "read from registers" + ("" if rule else " (asked for)"))
     if decode:
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
@@ -233,6 +246,15 @@ def uses_gemv(spec, bucket: int, fp8_act: bool) -> bool:
     assignment: routes x 4 <= experts) and the format has a GEMV step."""
     return (spec.weight_format in GEMV_FORMATS and not fp8_act
             and bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts)
+
+
+def _has_wgmma(gpu) -> bool:
+    """Hopper's wgmma takes its first operand from registers and its second from shared memory
+    only; mma.sync (Ampere, Ada) and AMD's MFMA take both from registers."""
+    if gpu is None or gpu.vendor != "nvidia":
+        return False
+    cc: Optional[tuple] = gpu.compute_capability
+    return cc is not None and cc[0] == WGMMA_MAJOR
 
 
 def _has_fp8_mma(gpu) -> bool:

@@ -34,6 +34,19 @@ def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_w
 
 
 @triton.jit
+def _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                     scale_cols):
+    """[BN, BK] e4m3 tile (rows of the row-major [N, K] weight, K contiguous as stored) times its
+    block scale, rounded once to 16 bits by the caller."""
+    mask = row_ok[:, None] & (offs_k[None, :] < K)
+    w = tl.load(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * K + offs_k[None, :], mask=mask,
+                other=0.0)
+    s = tl.load(s_ptr + expert * stride_se + (rows // 128) * scale_cols + k0 // 128, mask=row_ok,
+                other=0.0)
+    return w.to(tl.float32) * s[:, None]
+
+
+@triton.jit
 def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                        BLOCK_K: tl.constexpr):
     """The packed [BK/2, BN] e2m1 bytes and [BN, BK/32] e8m0 scales of one K step, as dot_scaled
@@ -96,12 +109,19 @@ def _int4_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, K, N_TOTAL, stride
 def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, N_TOTAL, stride_we,
               stride_se, scale_cols, group_size, FORMAT: tl.constexpr, A_FP8: tl.constexpr,
               DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
     in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
     through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
-    scales in its own layouts) or through the fp32 bit patterns below."""
-    if FORMAT == 0:
+    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 w8a16 only):
+    acc is [BN, BM] and gets W @ a.T: the weights converted in registers are the dot's first
+    operand, which Hopper's wgmma reads from registers, so they are not written back to shared
+    memory for the tensor cores as a second operand must be."""
+    if SWAP_AB:
+        w = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                             scale_cols)
+        acc = tl.dot(w.to(a.dtype), tl.trans(a), acc)
+    elif FORMAT == 0:
         w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None],
                     mask=(offs_k[:, None] < K) & row_ok[None, :], other=0.0)
         acc = tl.dot(a, w.to(a.dtype), acc)
@@ -150,6 +170,7 @@ def moe_gemm_kernel(
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
@@ -177,8 +198,12 @@ def moe_gemm_kernel(
     GATED: tl.constexpr = FIRST and ACTIVATION != 2
     gate_rows = offs_n * gate_stride
     up_rows = gate_rows + up_offset
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -190,11 +215,14 @@ def moe_gemm_kernel(
             a = a.to(tl.float32)
         acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
                         stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
-                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
         if GATED:
             acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
                                N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
-                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
         if GATED:

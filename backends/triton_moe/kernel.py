@@ -107,13 +107,14 @@ class TritonMoEKernel(MoEKernel):
     backend = NAME
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
-                 mxfp4_path: Optional[str] = None, gemv: bool = True):
+                 mxfp4_path: Optional[str] = None, gemv: bool = True, swap_ab: Optional[bool] = None):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
         (values built from bit patterns and two plain dots; the only one with fp32 dots).
         gemv=False runs decode through the grouped GEMMs as well (the rule's alternative, timed
-        beside it by benchmarks/triton_moe_peer.py)."""
+        beside it by benchmarks/triton_moe_peer.py). swap_ab forces fp8 w8a16's operand order (the
+        rule swaps on Hopper)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -122,6 +123,7 @@ class TritonMoEKernel(MoEKernel):
                              + ", ".join(MXFP4_PATHS))
         self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
         self.gemv = gemv
+        self.swap_ab = swap_ab
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -147,7 +149,7 @@ class TritonMoEKernel(MoEKernel):
         if chosen is None:
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
-            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv)
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab)
             self._configs[bucket] = chosen
         return chosen
 
@@ -201,7 +203,7 @@ class TritonMoEKernel(MoEKernel):
             A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
-            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
+            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:

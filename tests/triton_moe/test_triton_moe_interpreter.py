@@ -134,6 +134,15 @@ def test_prefill_tiles(oracle, weights_for):
               weights_for)
 
 
+@pytest.mark.parametrize("M", [5, 130])  # decode and prefill tiles
+def test_fp8_swap_ab(M, oracle, weights_for):
+    """fp8 w8a16 with the weights as the dot's first operand (the rule's choice on Hopper)."""
+    spec = small_spec("fp8_block128", "swiglu_oai", bias=True, ep=True, experts=4, H=200, I=136)
+    kernel = TritonMoEKernel(spec, CPU, swap_ab=True)
+    assert kernel.plan(M).config.gemm1.swap_ab
+    run_layer(spec, M, oracle, weights_for, kernel=kernel)
+
+
 def test_w8a8(oracle_w8a8, weights_for):
     spec = small_spec("fp8_block128", "silu", bias=True, ep=True, H=200, I=136)
     run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))

@@ -168,6 +168,15 @@ def test_selected_for_bf16_fp8_mxfp4_on_cuda():
         assert hal.select_moe_kernel(make_spec(fmt), device="cuda").backend == "triton_moe"
 
 
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("M", [5, 300])
+def test_fp8_swap_ab(swap_ab, M, oracle, weights_for):
+    """fp8 w8a16 in both operand orders, at decode and prefill tiles."""
+    spec = make_spec("fp8_block128", "swiglu_oai", bias=True, ep=True)
+    kernel = TritonMoEKernel(spec, cuda_target(), swap_ab=swap_ab)
+    run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("M", [1, 3])
