@@ -11,7 +11,8 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 `configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe
 is timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM
 makes), `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's
-call); ratios are peer time / ours (above 1: triton_moe is faster). roof: the floor time (the
+call), `alternative` triton_moe without the GEMV decode path or fp8 swap-AB where the rule picks
+one (grouped GEMMs, operands in dot order); ratios are peer time / ours (above 1: triton_moe is faster). roof: the floor time (the
 touched experts' bytes at the copy rate, or the FLOPs at the matmul rate of the format: fp8
 dots at torch._scaled_mm's rate, the rest at bf16's) over the median.
 """
@@ -191,7 +192,7 @@ class Row:
     peer_gemms_us: float | None
     ratio: float | None  # peer / ours
     ratio_gemms: float | None  # peer GEMMs alone / ours
-    grouped_us: float | None  # triton_moe with gemv=False, where the rule picks the GEMV path
+    alt_us: float | None  # triton_moe without the rule's GEMV path or swap-AB, where it picks one
     diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
     plan: str
     peer_config: str
@@ -206,7 +207,8 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     weights = device_weights(spec, 7, device)
     kernel = TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
-    grouped = TritonMoEKernel(spec, target, gemv=False)
+    # The rule's alternative: grouped GEMMs where it picks the GEMV path, and fp8 without swap-AB.
+    grouped = TritonMoEKernel(spec, target, gemv=False, swap_ab=False)
     grouped_prepared = grouped.prepare_weights(weights)
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
@@ -239,7 +241,8 @@ def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_pr
     outs = [torch.empty_like(x) for x, _, _ in sets]
     sides = {"ours": [(lambda s=s, o=o, p=prepared: kernel(s[0], s[1], s[2], p, out=o, check=False))
                       for s, o in zip(sets, outs, strict=True)]}
-    if kernel.plan(tokens).config.gemv1 is not None:
+    chosen = kernel.plan(tokens).config
+    if chosen.gemv1 is not None or chosen.gemm1.swap_ab:
         sides["grouped"] = [(lambda s=s, o=o, p=grouped_prepared: grouped(s[0], s[1], s[2], p, out=o,
                                                                          check=False))
                             for s, o in zip(sets, outs, strict=True)]
@@ -283,13 +286,13 @@ def _opt(v, fmt):
 
 
 HEADER = ("| case | T | triton_moe us | roof | peer us | roof | peer GEMMs us | peer/ours | "
-          "GEMMs/ours | diff | grouped us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "GEMMs/ours | diff | alternative us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def format_row(r: Row) -> str:
     return (f"| {r.case} | {r.tokens} | {r.ours_us:.1f} | {r.ours_roof:.0%} | {_opt(r.peer_us, '.1f')} | "
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
-            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.grouped_us, '.1f')} |")
+            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} |")
 
 
 def geomean(values) -> float:
