@@ -12,9 +12,10 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 is timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM
 makes), `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's
 call), `alternative` triton_moe without the GEMV decode path or fp8 swap-AB where the rule picks
-one (grouped GEMMs, operands in dot order); ratios are peer time / ours (above 1: triton_moe is faster). roof: the floor time (the
-touched experts' bytes at the copy rate, or the FLOPs at the matmul rate of the format: fp8
-dots at torch._scaled_mm's rate, the rest at bf16's) over the median.
+one (grouped GEMMs, operands in dot order); ratios are peer time / ours (above 1: triton_moe is
+faster). roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the
+matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the
+median.
 """
 
 from __future__ import annotations
