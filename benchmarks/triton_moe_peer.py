@@ -186,8 +186,8 @@ def time_sides(sides: dict, iters: int, device: str) -> dict:
 class Row:
     case: str
     tokens: int
-    ours_us: float
-    ours_roof: float
+    ours_us: float | None
+    ours_roof: float | None
     peer_us: float | None
     peer_roof: float | None
     peer_gemms_us: float | None
@@ -224,7 +224,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
             continue
         try:
             rows.append(run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared,
-                                  peer, peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device))
+                                  peer, peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log))
         except Exception as exc:  # one failing point is reported; the others still run
             print(f"# {name} T={tokens}: failed: {type(exc).__name__}: {str(exc)[:400]}", file=log,
                   flush=True)
@@ -237,32 +237,38 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
 
 
 def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared, peer, peer_spec,
-              same_weights, ceil, fp8_rate, iters, device) -> Row:
+              same_weights, ceil, fp8_rate, iters, device, log) -> Row:
     sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
-    outs = [torch.empty_like(x) for x, _, _ in sets]
-    sides = {"ours": [(lambda s=s, o=o, p=prepared: kernel(s[0], s[1], s[2], p, out=o, check=False))
-                      for s, o in zip(sets, outs, strict=True)]}
+    outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "alt", "peer")}
+
+    def calls_of(k, p, side):
+        return [(lambda s=s, o=o: k(s[0], s[1], s[2], p, out=o, check=False))
+                for s, o in zip(sets, outs[side], strict=True)]
+
+    sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
-    if chosen.gemv1 is not None or chosen.gemm1.swap_ab:
-        sides["grouped"] = [(lambda s=s, o=o, p=grouped_prepared: grouped(s[0], s[1], s[2], p, out=o,
-                                                                         check=False))
-                            for s, o in zip(sets, outs, strict=True)]
-    diff = None
+    if chosen.gemv1 is not None or chosen.gemm1.swap_ab or chosen.gemm2.swap_ab:
+        sides["alt"] = calls_of(grouped, grouped_prepared, "alt")
     peer_config = ""
     if peer is not None:
-        peer_outs = [torch.empty_like(x) for x, _, _ in sets]
-        calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, peer_outs, strict=True)]
+        calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, outs["peer"], strict=True)]
         sides["peer"] = [c.run for c in calls]
         sides["peer_gemms"] = [c.run_gemms for c in calls]
         peer_config = json.dumps(calls[0].config, sort_keys=True) + (" naive" if calls[0].naive else "")
-        for c in calls:
-            c.run()
-    for call in sides["ours"]:
-        call()
-    if device != "cpu":
-        torch.cuda.synchronize()
-    if peer is not None and same_weights:
-        diff = rel_err(outs[0], peer_outs[0])
+    for side in list(sides):  # a side that fails to compile or run is reported; the others are timed
+        try:
+            for call in sides[side]:
+                call()
+            if device != "cpu":
+                torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"# {name} T={tokens} {side}: failed: {type(exc).__name__}: {str(exc)[:300]}", file=log,
+                  flush=True)
+            del sides[side]
+    if "peer_gemms" in sides and "peer" not in sides:
+        del sides["peer_gemms"]
+    mine = "ours" if "ours" in sides else "alt"
+    diff = rel_err(outs[mine][0], outs["peer"][0]) if same_weights and "peer" in sides else None
     times = time_sides(sides, iters, device)
     flops = routes * spec.flops_per_token()
 
@@ -272,14 +278,13 @@ def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_pr
                     flops / (rate * 1e12))
         return floor / seconds
 
-    ours = times["ours"]
-    row = Row(name, tokens, ours * 1e6, roof(spec, ours),
-              times["peer"] * 1e6 if peer else None, roof(peer_spec, times["peer"]) if peer else None,
-              times["peer_gemms"] * 1e6 if peer else None,
-              times["peer"] / ours if peer else None, times["peer_gemms"] / ours if peer else None,
-              times["grouped"] * 1e6 if "grouped" in times else None,
-              diff, kernel.plan(tokens).config.describe(), peer_config)
-    return row
+    ours = times.get("ours")
+    peer_t, gemms_t = times.get("peer"), times.get("peer_gemms")
+    us = (lambda t: None if t is None else t * 1e6)  # noqa: E731
+    ratio = (lambda a, b: None if a is None or b is None else a / b)  # noqa: E731
+    return Row(name, tokens, us(ours), None if ours is None else roof(spec, ours), us(peer_t),
+               None if peer_t is None else roof(peer_spec, peer_t), us(gemms_t), ratio(peer_t, ours),
+               ratio(gemms_t, ours), us(times.get("alt")), diff, chosen.describe(), peer_config)
 
 
 def _opt(v, fmt):
@@ -291,7 +296,8 @@ HEADER = ("| case | T | triton_moe us | roof | peer us | roof | peer GEMMs us | 
 
 
 def format_row(r: Row) -> str:
-    return (f"| {r.case} | {r.tokens} | {r.ours_us:.1f} | {r.ours_roof:.0%} | {_opt(r.peer_us, '.1f')} | "
+    return (f"| {r.case} | {r.tokens} | {_opt(r.ours_us, '.1f')} | {_opt(r.ours_roof, '.0%')} | "
+            f"{_opt(r.peer_us, '.1f')} | "
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
             f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} |")
 

@@ -31,7 +31,13 @@ ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
 WGMMA_MAJOR = 9
+# Formats with a GEMV step, and those the rule sends there: on the H200 at 1 token the GEMV path
+# beat the grouped GEMMs for fp8 (qwen3-30b-a3b 26.2 vs 28.6 us, deepseek-v3 EP rank 37.1 vs 57.1)
+# and mxfp4 (gpt-oss-120b 90.9 vs 105.9) and lost for bf16 (qwen3-30b-a3b 34.0 vs 31.1,
+# mixtral-8x7b 215.7 vs 171.9): 16-bit weights need no conversion, and the pipelined tensor-core
+# loop streams them faster.
 GEMV_FORMATS = ("bf16", "fp8_block128", "mxfp4")
+GEMV_RULE_FORMATS = ("fp8_block128", "mxfp4")
 GEMV_ROUTE_SHARE = 4
 GEMV_PROGRAMS_PER_SM = 4  # resident programs' loads in flight cover the memory latency
 GEMV_MAX_BLOCK_N = 32
@@ -163,11 +169,13 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = True,
-           swap_ab: Optional[bool] = None) -> LaunchConfig:
+def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
+           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
     (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
-    GEMMs at decode too; swap_ab forces fp8 w8a16's operand order either way."""
+    GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
+    few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
+    dot_scaled) either way."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -198,15 +206,14 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = 
                   a_bits, sms, smem, amd)
     gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                   smem, amd)
-    if fp8 and not fp8_act:
-        # At decode (BLOCK_M <= 32) the weight stream bounds the call and the N tiles are too
-        # narrow for a 64-row wgmma: the rule swaps at prefill only.
-        rule = _has_wgmma(gpu) and not decode
-        swap = rule if swap_ab is None else bool(swap_ab)
-        gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=swap), attrs.evolve(gemm2, swap_ab=swap)
-        if swap:
-            reasons.append("swap-AB: the fp8 weights converted in registers are wgmma's first operand, "
-                           "read from registers" + ("" if rule else " (asked for)"))
+    if (fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled):
+        # wgmma's first operand spans 64 rows: N tiles narrower than that keep the dot order.
+        swaps = [_has_wgmma(gpu) and g.block_n >= 64 if swap_ab is None else bool(swap_ab)
+                 for g in (gemm1, gemm2)]
+        gemm1, gemm2 = (attrs.evolve(g, swap_ab=swap) for g, swap in zip((gemm1, gemm2), swaps, strict=True))
+        if any(swaps):
+            reasons.append("swap-AB: the weights dequantized in registers are wgmma's first operand, read "
+                           "from registers" + ("" if swap_ab is None else " (asked for)"))
     if decode:
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
@@ -214,7 +221,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: bool = 
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    if not (gemv and uses_gemv(spec, bucket, fp8_act)):
+    if gemv is False or not uses_gemv(spec, bucket, fp8_act, GEMV_FORMATS if gemv else GEMV_RULE_FORMATS):
         return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
@@ -241,10 +248,10 @@ def _gemv(n: int, k: int, units: float, fmt: str, sms: int) -> GemvConfig:
     return GemvConfig(block_n, block_k, 8 if values > 4096 else 4)
 
 
-def uses_gemv(spec, bucket: int, fp8_act: bool) -> bool:
+def uses_gemv(spec, bucket: int, fp8_act: bool, formats: tuple = GEMV_RULE_FORMATS) -> bool:
     """The decode path where experts rarely share a route (the rule of vLLM 0.33.0's naive block
-    assignment: routes x 4 <= experts) and the format has a GEMV step."""
-    return (spec.weight_format in GEMV_FORMATS and not fp8_act
+    assignment: routes x 4 <= experts), for `formats`."""
+    return (spec.weight_format in formats and not fp8_act
             and bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts)
 
 

@@ -63,6 +63,22 @@ def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, str
 
 
 @triton.jit
+def _mxfp4_packed_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                       BLOCK_K: tl.constexpr):
+    """The packed [BN, BK/2] e2m1 bytes (rows as stored, packed along K) and [BN, BK/32] e8m0
+    scales of one K step: dot_scaled's first operand."""
+    half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = row_ok[:, None] & (half[None, :] < K // 2)
+    packed = tl.load(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (K // 2) + half[None, :],
+                     mask=mask, other=0)
+    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    smask = row_ok[:, None] & (group[None, :] < K // 32)
+    e8m0 = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + group[None, :],
+                   mask=smask, other=0)
+    return packed, e8m0
+
+
+@triton.jit
 def _mxfp4_weight_tiles(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                         BLOCK_K: tl.constexpr):
     """The even-k and odd-k [BK/2, BN] fp32 tiles of an mxfp4 weight (bytes [N, K/2], the even k in
@@ -113,11 +129,15 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
     in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
     through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
-    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 w8a16 only):
-    acc is [BN, BM] and gets W @ a.T: the weights converted in registers are the dot's first
-    operand, which Hopper's wgmma reads from registers, so they are not written back to shared
-    memory for the tensor cores as a second operand must be."""
-    if SWAP_AB:
+    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 w8a16 and
+    mxfp4 through dot_scaled): acc is [BN, BM] and gets W @ a.T: the weights dequantized in
+    registers are the dot's first operand, which Hopper's wgmma reads from registers, so they are
+    not written back to shared memory for the tensor cores as a second operand must be."""
+    if SWAP_AB and FORMAT == 2:
+        packed, e8m0 = _mxfp4_packed_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                          BLOCK_K)
+        acc = tl.dot_scaled(packed, e8m0, "e2m1", tl.trans(a), None, A_FORMAT, acc)
+    elif SWAP_AB:
         w = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
                              scale_cols)
         acc = tl.dot(w.to(a.dtype), tl.trans(a), acc)

@@ -107,14 +107,15 @@ class TritonMoEKernel(MoEKernel):
     backend = NAME
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
-                 mxfp4_path: Optional[str] = None, gemv: bool = True, swap_ab: Optional[bool] = None):
+                 mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
+                 swap_ab: Optional[bool] = None):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
         (values built from bit patterns and two plain dots; the only one with fp32 dots).
-        gemv=False runs decode through the grouped GEMMs as well (the rule's alternative, timed
-        beside it by benchmarks/triton_moe_peer.py). swap_ab forces fp8 w8a16's operand order (the
-        rule swaps on Hopper)."""
+        gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
+        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too. swap_ab
+        forces the operand order of dequantized weights (the rule swaps on Hopper at prefill)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -149,7 +150,8 @@ class TritonMoEKernel(MoEKernel):
         if chosen is None:
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
-            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab)
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
+                                    self.mxfp4_path == "dot_scaled")
             self._configs[bucket] = chosen
         return chosen
 

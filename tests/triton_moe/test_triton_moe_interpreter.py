@@ -116,7 +116,7 @@ def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
     """Few routes over many experts: GEMV 1 per route, GEMV 2 with the top-k sum (two launches),
     with bias, EP and dropped routes."""
     spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
-    kernel = TritonMoEKernel(spec, CPU)
+    kernel = TritonMoEKernel(spec, CPU, gemv=True)  # bf16 takes it on request only
     assert kernel.plan(2).launches == 2
     run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
 
@@ -148,10 +148,12 @@ def test_w8a8(oracle_w8a8, weights_for):
     run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))
 
 
-def test_mxfp4_dot_scaled(oracle, weights_for):
-    """Triton's dot_scaled path, in float16 (the interpreter evaluates it in 16 bits)."""
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_mxfp4_dot_scaled(swap_ab, oracle, weights_for):
+    """Triton's dot_scaled path, in float16 (the interpreter evaluates it in 16 bits), with the
+    packed weights as its second operand or (swap-AB) its first."""
     spec = small_spec("mxfp4", "swiglu_oai", bias=True, H=224, I=96)
-    kernel = TritonMoEKernel(spec, CPU, dot_f32=False, mxfp4_path="dot_scaled")
+    kernel = TritonMoEKernel(spec, CPU, dot_f32=False, mxfp4_path="dot_scaled", swap_ab=swap_ab)
     run_layer(spec, 5, oracle, weights_for, kernel=kernel)
 
 

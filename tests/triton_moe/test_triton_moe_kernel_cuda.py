@@ -168,11 +168,12 @@ def test_selected_for_bf16_fp8_mxfp4_on_cuda():
         assert hal.select_moe_kernel(make_spec(fmt), device="cuda").backend == "triton_moe"
 
 
+@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("M", [5, 300])
-def test_fp8_swap_ab(swap_ab, M, oracle, weights_for):
-    """fp8 w8a16 in both operand orders, at decode and prefill tiles."""
-    spec = make_spec("fp8_block128", "swiglu_oai", bias=True, ep=True)
+def test_swap_ab(fmt, swap_ab, M, oracle, weights_for):
+    """fp8 w8a16 and mxfp4 (dot_scaled) in both operand orders, at decode and prefill tiles."""
+    spec = make_spec(fmt, "swiglu_oai", bias=True, ep=True)
     kernel = TritonMoEKernel(spec, cuda_target(), swap_ab=swap_ab)
     run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
 
@@ -183,7 +184,7 @@ def test_fp8_swap_ab(swap_ab, M, oracle, weights_for):
 def test_decode_gemv(fmt, activation, M, oracle, weights_for):
     """Few routes over many experts: the two-launch GEMV path, with bias, EP and dropped routes."""
     spec = make_spec(fmt, activation, bias=True, ep=True, experts=32)
-    kernel = TritonMoEKernel(spec, cuda_target())
+    kernel = TritonMoEKernel(spec, cuda_target(), gemv=True)  # bf16 takes it on request only
     assert kernel.plan(M).config.gemv1 is not None
     run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.2)
 
