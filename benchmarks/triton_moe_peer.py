@@ -223,8 +223,11 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
             print(f"# {name} T={tokens}: skipped (time budget spent)", file=log, flush=True)
             continue
         try:
-            rows.append(run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared,
-                                  peer, peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log))
+            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared, peer,
+                            peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
+            if row is None:
+                continue
+            rows.append(row)
         except Exception as exc:  # one failing point is reported; the others still run
             print(f"# {name} T={tokens}: failed: {type(exc).__name__}: {str(exc)[:400]}", file=log,
                   flush=True)
@@ -267,6 +270,8 @@ def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_pr
             del sides[side]
     if "peer_gemms" in sides and "peer" not in sides:
         del sides["peer_gemms"]
+    if ceil is None:  # --warm-only: compiled and run once, nothing timed
+        return None
     mine = "ours" if "ours" in sides else "alt"
     diff = rel_err(outs[mine][0], outs["peer"][0]) if same_weights and "peer" in sides else None
     times = time_sides(sides, iters, device)
@@ -317,6 +322,9 @@ def main(argv=None) -> int:
                         help="start no new point after this many seconds")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="compile and run every side once, time nothing (fills Triton's cache, so "
+                             "several processes can compile the cases in parallel before a timed run)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     for case in cases:
@@ -330,6 +338,10 @@ def main(argv=None) -> int:
     import triton
 
     target = Target(device, hal.probe(deep=device != "cpu"))
+    if args.warm_only:
+        for case in cases:
+            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout)
+        return 0
     ceil = ceiling_probe.measure("cpu" if device == "cpu" else "cuda")
     fp8_rate = fp8_matmul_tflops(device, ceil.bf16_tflops)
     name = "cpu" if device == "cpu" else torch.cuda.get_device_name()
