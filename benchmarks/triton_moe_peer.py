@@ -11,8 +11,9 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 `configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe
 is timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM
 makes), `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's
-call), `alternative` triton_moe without the GEMV decode path or fp8 swap-AB where the rule picks
-one (grouped GEMMs, operands in dot order); ratios are peer time / ours (above 1: triton_moe is
+call), `alternative` the rule's alternative where it has one: `grouped` (no GEMV path, operands
+in dot order) where the rule picks the GEMV path or swap-AB, `gemv` where it passes the GEMV path
+over (bf16); ratios are peer time / ours (above 1: triton_moe is
 faster). roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the
 matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the
 median.
@@ -31,6 +32,7 @@ import attrs
 import torch
 
 import hal
+from backends.triton_moe import configs
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal import presets
 from hal.backend import Target
@@ -193,7 +195,8 @@ class Row:
     peer_gemms_us: float | None
     ratio: float | None  # peer / ours
     ratio_gemms: float | None  # peer GEMMs alone / ours
-    alt_us: float | None  # triton_moe without the rule's GEMV path or swap-AB, where it picks one
+    alt_us: float | None  # the rule's alternative, where there is one
+    alt: str  # which: "grouped" (no GEMV path, no swap-AB) or "gemv" (the GEMV path for bf16)
     diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
     plan: str
     peer_config: str
@@ -208,9 +211,9 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     weights = device_weights(spec, 7, device)
     kernel = TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
-    # The rule's alternative: grouped GEMMs where it picks the GEMV path, and fp8 without swap-AB.
-    grouped = TritonMoEKernel(spec, target, gemv=False, swap_ab=False)
-    grouped_prepared = grouped.prepare_weights(weights)
+    # The rule's alternatives (the weights are prepared the same way for every variant).
+    grouped = {"grouped": TritonMoEKernel(spec, target, gemv=False, swap_ab=False),
+               "gemv": TritonMoEKernel(spec, target, gemv=True)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
@@ -223,8 +226,8 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
             print(f"# {name} T={tokens}: skipped (time budget spent)", file=log, flush=True)
             continue
         try:
-            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared, peer,
-                            peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
+            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, peer, peer_spec,
+                            ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
             if row is None:
                 continue
             rows.append(row)
@@ -233,14 +236,14 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
                   flush=True)
             continue
         print(format_row(rows[-1]), file=log, flush=True)
-    del prepared, grouped_prepared, weights, peer
+    del prepared, weights, peer
     if device != "cpu":
         torch.cuda.empty_cache()
     return rows
 
 
-def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_prepared, peer, peer_spec,
-              same_weights, ceil, fp8_rate, iters, device, log) -> Row:
+def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer, peer_spec, same_weights,
+              ceil, fp8_rate, iters, device, log) -> Row:
     sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
     outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "alt", "peer")}
 
@@ -250,8 +253,13 @@ def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_pr
 
     sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
+    alt = ""
     if chosen.gemv1 is not None or chosen.gemm1.swap_ab or chosen.gemm2.swap_ab:
-        sides["alt"] = calls_of(grouped, grouped_prepared, "alt")
+        alt = "grouped"  # the grouped GEMMs, operands in dot order
+    elif configs.uses_gemv(spec, chosen.tokens_bucket, False, configs.GEMV_FORMATS):
+        alt = "gemv"  # the GEMV path the rule passes over for this format
+    if alt:
+        sides["alt"] = calls_of(alternatives[alt], prepared, "alt")
     peer_config = ""
     if peer is not None:
         calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, outs["peer"], strict=True)]
@@ -289,7 +297,7 @@ def run_point(name, tokens, spec, weights, kernel, prepared, grouped, grouped_pr
     ratio = (lambda a, b: None if a is None or b is None else a / b)  # noqa: E731
     return Row(name, tokens, us(ours), None if ours is None else roof(spec, ours), us(peer_t),
                None if peer_t is None else roof(peer_spec, peer_t), us(gemms_t), ratio(peer_t, ours),
-               ratio(gemms_t, ours), us(times.get("alt")), diff, chosen.describe(), peer_config)
+               ratio(gemms_t, ours), us(times.get("alt")), alt, diff, chosen.describe(), peer_config)
 
 
 def _opt(v, fmt):
@@ -304,7 +312,7 @@ def format_row(r: Row) -> str:
     return (f"| {r.case} | {r.tokens} | {_opt(r.ours_us, '.1f')} | {_opt(r.ours_roof, '.0%')} | "
             f"{_opt(r.peer_us, '.1f')} | "
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
-            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} |")
+            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} {r.alt} |")
 
 
 def geomean(values) -> float:
