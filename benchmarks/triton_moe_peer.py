@@ -11,7 +11,7 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 `configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe
 is timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM
 makes), `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's
-call), `alternative` the rule's alternative where it has one: `grouped` (no GEMV path, operands
+call), `alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, operands
 in dot order) where the rule picks the GEMV path or swap-AB, `gemv` where it passes the GEMV path
 over (bf16); ratios are peer time / ours (above 1: triton_moe is
 faster). roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the
@@ -196,7 +196,7 @@ class Row:
     ratio: float | None  # peer / ours
     ratio_gemms: float | None  # peer GEMMs alone / ours
     alt_us: float | None  # the rule's alternative, where there is one
-    alt: str  # which: "grouped" (no GEMV path, no swap-AB) or "gemv" (the GEMV path for bf16)
+    alt: str  # which: "gemm" (no GEMV path, no swap-AB) or "gemv" (the GEMV path for bf16)
     diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
     plan: str
     peer_config: str
@@ -212,7 +212,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     kernel = TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
     # The rule's alternatives (the weights are prepared the same way for every variant).
-    grouped = {"grouped": TritonMoEKernel(spec, target, gemv=False, swap_ab=False),
+    grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False),
                "gemv": TritonMoEKernel(spec, target, gemv=True)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
@@ -255,7 +255,7 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
     chosen = kernel.plan(tokens).config
     alt = ""
     if chosen.gemv1 is not None or chosen.gemm1.swap_ab or chosen.gemm2.swap_ab:
-        alt = "grouped"  # the grouped GEMMs, operands in dot order
+        alt = "gemm"  # the tensor-core GEMMs, operands in dot order
     elif configs.uses_gemv(spec, chosen.tokens_bucket, False, configs.GEMV_FORMATS):
         alt = "gemv"  # the GEMV path the rule passes over for this format
     if alt:

@@ -92,6 +92,8 @@ class LaunchConfig:
     # configs above are then unused.
     gemv1: Optional[GemvConfig] = None
     gemv2: Optional[GemvConfig] = None
+    # Few routes, GEMMs without the grouping launch: each BLOCK_M block is one route.
+    per_route: bool = False
 
     def describe(self) -> str:
         if self.gemv1 is not None:
@@ -222,7 +224,12 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
     if gemv is False or not uses_gemv(spec, bucket, fp8_act, GEMV_FORMATS if gemv else GEMV_RULE_FORMATS):
-        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))
+        per_route = few_routes(spec, bucket)
+        if per_route:
+            reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
+                           f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
+                           "topk_ids by the GEMMs, no grouping launch")
+        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
     reasons = [r for r in reasons if "w8a" in r]
@@ -248,11 +255,15 @@ def _gemv(n: int, k: int, units: float, fmt: str, sms: int) -> GemvConfig:
     return GemvConfig(block_n, block_k, 8 if values > 4096 else 4)
 
 
+def few_routes(spec, bucket: int) -> bool:
+    """Experts rarely share a route (the rule of vLLM 0.33.0's naive block assignment: routes x 4
+    <= experts), so grouping routes by expert saves no weight reads."""
+    return bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts
+
+
 def uses_gemv(spec, bucket: int, fp8_act: bool, formats: tuple = GEMV_RULE_FORMATS) -> bool:
-    """The decode path where experts rarely share a route (the rule of vLLM 0.33.0's naive block
-    assignment: routes x 4 <= experts), for `formats`."""
-    return (spec.weight_format in formats and not fp8_act
-            and bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts)
+    """The decode GEMV path: few routes, a format in `formats`, 16-bit activations."""
+    return spec.weight_format in formats and not fp8_act and few_routes(spec, bucket)
 
 
 def _has_wgmma(gpu) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from backends.triton_moe.routing import local_expert
+
 # Weight formats as the kernels know them (constexpr codes).
 BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3
 # Activations.
@@ -185,16 +187,19 @@ def _quantize_rows(a, FP8_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr):
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, sorted_routes_ptr, block_expert_ptr, topk_weights_ptr,
-    num_routes, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride, up_offset,
-    swiglu_alpha, swiglu_limit,
+    topk_ids_ptr, expert_map_ptr,
+    num_routes, num_experts, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride,
+    up_offset, swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SWAP_AB: tl.constexpr,
+    SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
-    out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2)."""
+    out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2).
+    PER_ROUTE (few routes, no grouping launch): block b is route b alone, its expert read from
+    topk_ids here, and h has one row per route (row = route)."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
@@ -202,12 +207,18 @@ def moe_gemm_kernel(
     pid = tl.program_id(0)
     pid_m = pid // tiles_n
     pid_n = pid % tiles_n
-    expert = tl.load(block_expert_ptr + pid_m)
+    if PER_ROUTE:
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, pid_m, num_routes, num_experts, LOCAL_EXPERTS,
+                              HAS_MAP)
+        route = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_routes)
+        rows_m = route  # h's row of a route is the route
+    else:
+        expert = tl.load(block_expert_ptr + pid_m)
+        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        route = tl.load(sorted_routes_ptr + rows_m)
     if expert < 0:
         return
     expert = expert.to(tl.int64)
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_routes_ptr + rows_m)
     live = route < num_routes
     if FIRST:
         a_rows = (route // TOP_K).to(tl.int64)

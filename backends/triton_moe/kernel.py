@@ -165,6 +165,8 @@ class TritonMoEKernel(MoEKernel):
         if config.gemv1 is not None:
             path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
+        if config.per_route:
+            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
         return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
 
@@ -188,17 +190,18 @@ class TritonMoEKernel(MoEKernel):
                                 bias(weights.b2), expert_map, gate_stride, up_offset)
 
     # --- per call ------------------------------------------------------------------------------
-    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights,
-              num_routes: int, n: int, k: int, n_total: int, gate_stride: int, up_offset: int,
-              block_m: int, gemm: configs.GemmConfig, fp8_act: bool):
+    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights, ids,
+              id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int, gate_stride: int,
+              up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool, per_route: bool):
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
-        grid = (block_expert.shape[0] * triton.cdiv(n, gemm.block_n),)
+        blocks = num_routes if per_route else block_expert.shape[0]
+        grid = (blocks * triton.cdiv(n, gemm.block_n),)
         moe_gemm_kernel[grid](
             a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
-            topk_weights, num_routes, n, k, n_total, w.stride(0), 0 if s is None else s.stride(0),
-            math.ceil(k / 128), group, gate_stride, up_offset,
+            topk_weights, ids, id_map, num_routes, spec.num_experts, n, k, n_total, w.stride(0),
+            0 if s is None else s.stride(0), math.ceil(k / 128), group, gate_stride, up_offset,
             float(spec.swiglu_alpha), float(spec.swiglu_limit),
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
@@ -206,6 +209,7 @@ class TritonMoEKernel(MoEKernel):
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
+            PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map,
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
@@ -267,7 +271,9 @@ class TritonMoEKernel(MoEKernel):
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
         bins = triton.next_power_of_2(spec.local_experts + 1)
         cursor = torch.empty(bins, dtype=torch.int32, device=device)
-        h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
+        per_route = config.per_route
+        # GEMM 1's output: a row per padded row of the blocks, or per route where each is a block.
+        h = torch.empty(routes if per_route else max_padded, I, dtype=x.dtype, device=device)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
 
         block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
@@ -296,13 +302,13 @@ class TritonMoEKernel(MoEKernel):
                 num_warps=ALIGN_WARPS)
 
         def gemm1():
-            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights,
-                       routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1,
-                       config.fp8_act)
+            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, ids,
+                       id_map, has_map, routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm,
+                       config.gemm1, config.fp8_act, per_route)
 
         def gemm2():
-            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights,
-                       routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
+            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights, ids,
+                       id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act, per_route)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
@@ -311,5 +317,7 @@ class TritonMoEKernel(MoEKernel):
 
         grouping = [("align", align)] if programs == 1 else [("count_routes", count_routes),
                                                              ("scatter_routes", scatter_routes)]
+        if per_route:
+            grouping = []
         return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
                         dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, y=y))

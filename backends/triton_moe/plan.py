@@ -23,7 +23,9 @@ class TritonMoEPlan:
             return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                     f"GEMV1 [{c.gemv1.describe()}] per route + activation -> GEMV2 [{c.gemv2.describe()}] "
                     f"per token, x topk weight, summed over its routes; {self.weight_path}. Why: {why}")
+        grouping = (f"one BLOCK_M {c.block_m} block per route (grid {self.max_blocks})" if c.per_route else
+                    f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks})")
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
-                f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks}) -> GEMM1 "
+                f"{grouping} -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "
                 f"top-k sum; {self.weight_path}. Why: {why}")

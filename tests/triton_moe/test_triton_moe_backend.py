@@ -124,5 +124,7 @@ def test_plan_describes_the_call():
     text = kernel.plan(4096).describe()
     assert "BLOCK_M 128" in text and "5 launches" in text and "w8a16" in text
     assert "2 launches" in kernel.plan(1).describe() and "GEMV" in kernel.plan(1).describe()
-    grouped = TritonMoEKernel(spec("fp8_block128"), target("h200"), gemv=False)
-    assert "4 launches" in grouped.plan(1).describe()
+    per_route = TritonMoEKernel(spec("fp8_block128"), target("h200"), gemv=False).plan(1).describe()
+    assert "3 launches" in per_route and "block per route" in per_route
+    assert "3 launches" in TritonMoEKernel(spec(), target("h200")).plan(1).describe()  # bf16
+    assert "4 launches" in TritonMoEKernel(spec(), target("h200")).plan(64).describe()

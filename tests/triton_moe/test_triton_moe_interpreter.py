@@ -121,6 +121,21 @@ def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
     run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
 
 
+@pytest.mark.parametrize("fmt,activation,H,I", [
+    ("bf16", "swiglu_oai", 200, 72),
+    ("int4_g128", "silu", 256, 128),
+    ("fp8_block128", "relu2", 200, 136),
+])
+def test_per_route_blocks(fmt, activation, H, I, oracle, weights_for):
+    """Few routes through the GEMMs: one block per route, no grouping launch (three launches),
+    with bias, EP and dropped routes."""
+    spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU, gemv=False)
+    plan = kernel.plan(2)
+    assert plan.config.per_route and plan.launches == 3
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
 def test_int4_per_channel(oracle, weights_for):
     """group_size -1: one scale per output column over all of K."""
     spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,

@@ -178,6 +178,16 @@ def test_swap_ab(fmt, swap_ab, M, oracle, weights_for):
     run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("M", [1, 3])
+def test_per_route_blocks(fmt, M, oracle, weights_for):
+    """Few routes through the GEMMs, one block per route (the rule's choice for bf16 and int4)."""
+    spec = make_spec(fmt, "swiglu_oai", bias=True, ep=True, experts=32)
+    kernel = TritonMoEKernel(spec, cuda_target(), gemv=False)
+    assert kernel.plan(M).config.per_route
+    run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.2)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("M", [1, 3])
