@@ -160,11 +160,11 @@ class TritonMoEKernel(MoEKernel):
         config = self.config(tokens)
         _, blocks = configs.max_rows(tokens, self.spec, config.block_m)
         path = WEIGHT_PATHS[self.spec.weight_format]
-        if self.spec.weight_format == "fp8_block128":
-            path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
         if config.gemv1 is not None:
             path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
+        if self.spec.weight_format == "fp8_block128":
+            path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
         if config.per_route:
             return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
