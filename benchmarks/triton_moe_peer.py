@@ -8,15 +8,15 @@ and routing: CUDA graphs of one call per rotated input set for each side, sample
         (a check of the harness on CPU: the interpreter's figures mean nothing)
 
 DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and its
-`configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe
-is timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM
-makes), `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's
-call), `alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, operands
-in dot order) where the rule picks the GEMV path or swap-AB, `gemv` where it passes the GEMV path
-over (bf16); ratios are peer time / ours (above 1: triton_moe is
-faster). roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the
-matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the
-median.
+`configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
+timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
+`peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
+`alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, operands in dot
+order, each block's N tiles in turn) where the rule picks the GEMV path, swap-AB or groups of
+blocks, `gemv` where it passes the GEMV path over (bf16); ratios are peer time / ours (above 1:
+triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
+FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
+over the median.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     kernel = TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
     # The rule's alternatives (the weights are prepared the same way for every variant).
-    grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False),
+    grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False, grouped_n=False),
                "gemv": TritonMoEKernel(spec, target, gemv=True)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
@@ -254,8 +254,8 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
     sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
     alt = ""
-    if chosen.gemv1 is not None or chosen.gemm1.swap_ab or chosen.gemm2.swap_ab:
-        alt = "gemm"  # the tensor-core GEMMs, operands in dot order
+    if chosen.gemv1 is not None or any(g.swap_ab or g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
+        alt = "gemm"  # the tensor-core GEMMs, operands in dot order, each block's N tiles in turn
     elif configs.uses_gemv(spec, chosen.tokens_bucket, False, configs.GEMV_FORMATS):
         alt = "gemv"  # the GEMV path the rule passes over for this format
     if alt:

@@ -46,6 +46,8 @@ GEMV_TILE_VALUES = {"bf16": 4096, "fp8_block128": 4096, "mxfp4": 8192}
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
+DEFAULT_L2 = 40 << 20
+MAX_GROUP_M = 16
 FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
@@ -64,10 +66,13 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # W @ x.T: the weights dequantized in registers are the dot's first operand
+    group_m: int = 1  # blocks that walk the N tiles together (1: each block's N tiles in turn)
 
     def describe(self) -> str:
         swap = " swap-AB" if self.swap_ab else ""
-        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}{swap}"
+        group = f" group {self.group_m}" if self.group_m > 1 else ""
+        return (f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
+                f"{swap}{group}")
 
 
 @attrs.frozen
@@ -171,13 +176,25 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
+def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
+    """Prefill: how many blocks walk the N tiles together, so each weight tile is read from memory
+    once for all of them while it sits in L2 (an expert's weights exceed L2 for the large layers:
+    mixtral-8x7b's w13 is 235 MB; walking one block's N tiles at a time streams them once per
+    block). The blocks' activation rows, read once per N tile, are held to a quarter of L2."""
+    g = MAX_GROUP_M
+    while g > 1 and g * block_m * k * a_bits / 8 > l2_bytes / 4:
+        g //= 2
+    return g
+
+
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
-           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True) -> LaunchConfig:
+           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
+           grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
     (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
     GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
     few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
-    dot_scaled) either way."""
+    dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -208,6 +225,12 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                   a_bits, sms, smem, amd)
     gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                   smem, amd)
+    if not decode and grouped_n:
+        l2 = (gpu.l2_bytes if gpu is not None else None) or DEFAULT_L2
+        gemm1 = attrs.evolve(gemm1, group_m=group_m(block_m, spec.hidden_size, a_bits, l2))
+        gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
+        reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
+                       f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
     if (fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled):
         # wgmma's first operand spans 64 rows: N tiles narrower than that keep the dot order.
         swaps = [_has_wgmma(gpu) and g.block_n >= 64 if swap_ab is None else bool(swap_ab)

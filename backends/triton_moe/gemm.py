@@ -194,6 +194,7 @@ def moe_gemm_kernel(
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
@@ -203,10 +204,19 @@ def moe_gemm_kernel(
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
+    # GROUP_M > 1 (prefill): GROUP_M blocks walk the N tiles together, so a weight tile is read
+    # once for all of them while in L2.
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    if GROUP_M == 1:
+        pid_m = pid // tiles_n
+        pid_n = pid % tiles_n
+    else:
+        blocks = tl.num_programs(0) // tiles_n
+        first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
+        group_size = tl.minimum(blocks - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_size
+        pid_n = (pid % (GROUP_M * tiles_n)) // group_size
     if PER_ROUTE:
         expert = local_expert(topk_ids_ptr, expert_map_ptr, pid_m, num_routes, num_experts, LOCAL_EXPERTS,
                               HAS_MAP)

@@ -108,14 +108,15 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
                  mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None):
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
         (values built from bit patterns and two plain dots; the only one with fp32 dots).
         gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too. swap_ab
-        forces the operand order of dequantized weights (the rule swaps on Hopper at prefill)."""
+        forces the operand order of dequantized weights (the rule swaps on Hopper). grouped_n=False
+        walks each block's N tiles in turn at prefill too (the rule groups blocks)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -125,6 +126,7 @@ class TritonMoEKernel(MoEKernel):
         self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
         self.gemv = gemv
         self.swap_ab = swap_ab
+        self.grouped_n = grouped_n
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -151,7 +153,7 @@ class TritonMoEKernel(MoEKernel):
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
             chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
-                                    self.mxfp4_path == "dot_scaled")
+                                    self.mxfp4_path == "dot_scaled", self.grouped_n)
             self._configs[bucket] = chosen
         return chosen
 
@@ -209,7 +211,7 @@ class TritonMoEKernel(MoEKernel):
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
-            PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map,
+            PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
