@@ -131,7 +131,7 @@ def moe_gemv_first_kernel(
         up_ok = offs_n < 0  # no up rows: nothing read
     acc = _zeros(FORMAT, BLOCK_N, BLOCK_K)
     acc_up = _zeros(FORMAT, BLOCK_N, BLOCK_K)
-    # The next step's loads are issued before this step's multiply-adds (the loop's loads do
+    # Each step's loads are issued before the previous step's multiply-adds (the loop's loads do
     # not feed a dot, so Triton's pipeliner leaves them to the program): two steps in flight.
     x_a, x_b, w, s = _gemv_load(x_row, live, w_ptr, s_ptr, expert, gate_rows, n_ok, 0, K, stride_we,
                                 stride_se, scale_cols, FORMAT, BLOCK_K)
