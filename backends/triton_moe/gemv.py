@@ -4,13 +4,9 @@ own matrix-vector product on the CUDA cores, and the layer takes two launches in
 - GEMV 1 (`moe_gemv_first_kernel`): one program per (route, N tile) finds its expert from topk_ids
   itself (no route grouping), multiplies the token's row by the expert's gate and up rows, adds
   b13, applies the activation and writes the route's row of h.
-- GEMV 2 + top-k sum (`moe_gemv_second_kernel`): one program per (token, N tile) adds, for each
-  of the token's routes in slot order, topk_weight * (W2[e] @ h[route] + b2[e]) in fp32: the
+- GEMV 2 + top-k sum (`moe_gemv_second_kernel`): one program per (token, N tile) loops over the
+  token's routes in slot order, adding topk_weight * (W2[e] @ h[route] + b2[e]) in fp32: the
   top-k sum happens in registers, deterministic, and nothing is written per route.
-
-Memory latency, not bandwidth, bounds a GEMV whose loads wait one K step at a time: GEMV 1 issues
-the next step's loads before the current step's multiply-adds, GEMV 2 issues one K step of all
-its routes together.
 
 Tensor cores would spend most of a 16-row tile on padding here; instead every weight element is
 converted to fp32 once and met by one fused multiply-add. Weight tiles are [BLOCK_N, BLOCK_K]
@@ -40,56 +36,44 @@ def _e2m1_times_2_pow_minus_14(nibble):
 
 
 @triton.jit
-def _gemv_load(x_row_ptr, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+def _gemv_step(acc, x_row_ptr, x_mul, w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                scale_cols, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The raw operands of the K step at k0: (x_a, x_b, w, s). mxfp4: the even-k and odd-k
-    activations [groups, 16], the packed bytes [BN, groups, 16] and e8m0 scales [BN, groups];
-    otherwise x [blocks, 128] (twice), the weight [BN, blocks, 128] and, for fp8, its block scales
-    [BN, blocks]. Nothing is read where `live` is false or past K."""
+    """acc[n, b, i] += W[rows[n], k] * x[k] * x_mul for the K step at k0 (acc: [BN, blocks, inner]
+    as the module docstring describes)."""
     if FORMAT == 2:
         groups: tl.constexpr = BLOCK_K // 32
         g = k0 // 32 + tl.arange(0, groups)
-        byte = g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [groups, 16] byte index along the row
-        g_ok = g < tl.where(live, K // 32, 0)
-        x_a = tl.load(x_row_ptr + 2 * byte, mask=g_ok[:, None], other=0.0)
-        x_b = tl.load(x_row_ptr + 2 * byte + 1, mask=g_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + expert * stride_we + rows[:, None, None].to(tl.int64) * (K // 2)
-                    + byte[None, :, :], mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
-        s = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + g[None, :],
-                    mask=row_ok[:, None] & g_ok[None, :], other=0)
+        j = tl.arange(0, 16)
+        byte = g[:, None] * 16 + j[None, :]  # [groups, 16] byte index along the packed row
+        g_ok = g < K // 32
+        x_even = tl.load(x_row_ptr + 2 * byte, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        x_odd = tl.load(x_row_ptr + 2 * byte + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        x_even = x_even * (x_mul * E2M1_IN_FP16)
+        x_odd = x_odd * (x_mul * E2M1_IN_FP16)
+        w_ok = row_ok[:, None, None] & g_ok[None, :, None]
+        packed = tl.load(w_ptr + expert * stride_we + rows[:, None, None].to(tl.int64) * (K // 2)
+                         + byte[None, :, :], mask=w_ok, other=0).to(tl.int32)
+        e8m0 = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + g[None, :],
+                       mask=row_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
+        scale = (e8m0 << 23).to(tl.float32, bitcast=True)[:, :, None]
+        lo = packed & 0xF
+        hi = (packed >> 4) & 0xF
+        w_even = _e2m1_times_2_pow_minus_14(lo)
+        w_odd = _e2m1_times_2_pow_minus_14(hi)
+        acc += (w_even * x_even[None, :, :] + w_odd * x_odd[None, :, :]) * scale
     else:
         blocks: tl.constexpr = BLOCK_K // 128
         b = k0 // 128 + tl.arange(0, blocks)
         k = b[:, None] * 128 + tl.arange(0, 128)[None, :]  # [blocks, 128]
-        k_ok = k < tl.where(live, K, 0)
-        x_a = tl.load(x_row_ptr + k, mask=k_ok, other=0.0)
-        x_b = x_a
+        k_ok = k < K
+        x = tl.load(x_row_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * x_mul
         w = tl.load(w_ptr + expert * stride_we + rows[:, None, None].to(tl.int64) * K + k[None, :, :],
-                    mask=row_ok[:, None, None] & k_ok[None, :, :], other=0.0)
+                    mask=row_ok[:, None, None] & k_ok[None, :, :], other=0.0).to(tl.float32)
         if FORMAT == 1:
             s = tl.load(s_ptr + expert * stride_se + (rows // 128)[:, None] * scale_cols + b[None, :],
-                        mask=row_ok[:, None] & (b < tl.where(live, scale_cols, 0))[None, :], other=0.0)
-        else:
-            s = tl.zeros([1, 1], dtype=tl.float32)
-    return x_a, x_b, w, s
-
-
-@triton.jit
-def _gemv_fma(acc, x_a, x_b, w, s, x_mul, FORMAT: tl.constexpr):
-    """acc[n, b, i] += W[n, k] * x[k] * x_mul over the operands _gemv_load returned."""
-    if FORMAT == 2:
-        x_even = x_a.to(tl.float32) * (x_mul * E2M1_IN_FP16)
-        x_odd = x_b.to(tl.float32) * (x_mul * E2M1_IN_FP16)
-        packed = w.to(tl.int32)
-        scale = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, :, None]
-        w_even = _e2m1_times_2_pow_minus_14(packed & 0xF)
-        w_odd = _e2m1_times_2_pow_minus_14((packed >> 4) & 0xF)
-        acc += (w_even * x_even[None, :, :] + w_odd * x_odd[None, :, :]) * scale
-    else:
-        wf = w.to(tl.float32)
-        if FORMAT == 1:
-            wf = wf * s[:, :, None]
-        acc += wf * (x_a.to(tl.float32) * x_mul)[None, :, :]
+                        mask=row_ok[:, None] & (b < scale_cols)[None, :], other=0.0)
+            w = w * s[:, :, None]
+        acc += w * x[None, :, :]
     return acc
 
 
@@ -124,27 +108,14 @@ def moe_gemv_first_kernel(
     up_rows = gate_rows + up_offset
     GATED: tl.constexpr = ACTIVATION != 2
     x_row = x_ptr + (route // TOP_K).to(tl.int64) * K
-    live = route < num_routes  # a tensor, as _gemv_load's masks need
-    if GATED:
-        up_ok = n_ok
-    else:
-        up_ok = offs_n < 0  # no up rows: nothing read
     acc = _zeros(FORMAT, BLOCK_N, BLOCK_K)
     acc_up = _zeros(FORMAT, BLOCK_N, BLOCK_K)
-    # Each step's loads are issued before the previous step's multiply-adds (the loop's loads do
-    # not feed a dot, so Triton's pipeliner leaves them to the program): two steps in flight.
-    x_a, x_b, w, s = _gemv_load(x_row, live, w_ptr, s_ptr, expert, gate_rows, n_ok, 0, K, stride_we,
-                                stride_se, scale_cols, FORMAT, BLOCK_K)
-    _, _, w_up, s_up = _gemv_load(x_row, live, w_ptr, s_ptr, expert, up_rows, up_ok, 0, K, stride_we,
-                                  stride_se, scale_cols, FORMAT, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
-        nx_a, nx_b, nw, ns = _gemv_load(x_row, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0 + BLOCK_K, K,
-                                        stride_we, stride_se, scale_cols, FORMAT, BLOCK_K)
-        _, _, nw_up, ns_up = _gemv_load(x_row, live, w_ptr, s_ptr, expert, up_rows, up_ok, k0 + BLOCK_K, K,
-                                        stride_we, stride_se, scale_cols, FORMAT, BLOCK_K)
-        acc = _gemv_fma(acc, x_a, x_b, w, s, 1.0, FORMAT)
-        acc_up = _gemv_fma(acc_up, x_a, x_b, w_up, s_up, 1.0, FORMAT)
-        x_a, x_b, w, s, w_up, s_up = nx_a, nx_b, nw, ns, nw_up, ns_up
+        acc = _gemv_step(acc, x_row, 1.0, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, K, stride_we,
+                         stride_se, scale_cols, FORMAT, BLOCK_K)
+        if GATED:
+            acc_up = _gemv_step(acc_up, x_row, 1.0, w_ptr, s_ptr, expert, up_rows, n_ok, k0, K, stride_we,
+                                stride_se, scale_cols, FORMAT, BLOCK_K)
     gate = tl.sum(tl.sum(acc, axis=2), axis=1)
     up = tl.sum(tl.sum(acc_up, axis=2), axis=1)
     if HAS_BIAS:
@@ -177,28 +148,18 @@ def moe_gemv_second_kernel(
     n_ok = offs_n < N
     acc = _zeros(FORMAT, BLOCK_N, BLOCK_K)
     bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-    # K steps outside, the routes (unrolled, no branches: a dropped route's loads are masked off)
-    # inside, so the loads of all of a token's routes are in flight together.
-    for k0 in range(0, K, BLOCK_K):
-        for slot in tl.static_range(TOP_K):
-            route = token * TOP_K + slot
-            expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
-                                  LOCAL_EXPERTS, HAS_MAP)
-            live = expert >= 0
-            e = tl.where(live, expert, 0).to(tl.int64)
-            weight = tl.load(topk_weights_ptr + route, mask=live, other=0.0).to(tl.float32)
-            x_a, x_b, w, s = _gemv_load(h_ptr + route.to(tl.int64) * K, live, w_ptr, s_ptr, e, offs_n,
-                                        n_ok, k0, K, stride_we, stride_se, scale_cols, FORMAT,
-                                        BLOCK_K)
-            acc = _gemv_fma(acc, x_a, x_b, w, s, weight, FORMAT)
-    if HAS_BIAS:
-        for slot in tl.static_range(TOP_K):
-            route = token * TOP_K + slot
-            expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
-                                  LOCAL_EXPERTS, HAS_MAP)
-            live = expert >= 0
-            weight = tl.load(topk_weights_ptr + route, mask=live, other=0.0).to(tl.float32)
-            bias += weight * tl.load(bias_ptr + tl.where(live, expert, 0).to(tl.int64) * N + offs_n,
-                                     mask=offs_n < tl.where(live, N, 0), other=0.0)
+    for slot in tl.static_range(TOP_K):
+        route = token * TOP_K + slot
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
+                              LOCAL_EXPERTS, HAS_MAP)
+        if expert >= 0:
+            e = expert.to(tl.int64)
+            weight = tl.load(topk_weights_ptr + route).to(tl.float32)
+            h_row = h_ptr + route.to(tl.int64) * K
+            for k0 in range(0, K, BLOCK_K):
+                acc = _gemv_step(acc, h_row, weight, w_ptr, s_ptr, e, offs_n, n_ok, k0, K, stride_we,
+                                 stride_se, scale_cols, FORMAT, BLOCK_K)
+            if HAS_BIAS:
+                bias += weight * tl.load(bias_ptr + e * N + offs_n, mask=n_ok, other=0.0)
     y = tl.sum(tl.sum(acc, axis=2), axis=1) + bias
     tl.store(out_ptr + token.to(tl.int64) * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
