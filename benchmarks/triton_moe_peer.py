@@ -11,9 +11,9 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 `configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
 timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
-`alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, operands in dot
-order, each block's N tiles in turn) where the rule picks the GEMV path, swap-AB or groups of
-blocks, `gemv` where it passes the GEMV path over (bf16); ratios are peer time / ours (above 1:
+`alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, each block's N
+tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` where it passes the
+GEMV path over; ratios are peer time / ours (above 1:
 triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
 FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
 over the median.
@@ -254,9 +254,9 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
     sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
     alt = ""
-    if chosen.gemv1 is not None or any(g.swap_ab or g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
-        alt = "gemm"  # the tensor-core GEMMs, operands in dot order, each block's N tiles in turn
-    elif configs.uses_gemv(spec, chosen.tokens_bucket, False, configs.GEMV_FORMATS):
+    if chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
+        alt = "gemm"  # the tensor-core GEMMs, each block's N tiles in turn
+    elif configs.uses_gemv(spec, chosen.tokens_bucket, False, 0, forced=True):
         alt = "gemv"  # the GEMV path the rule passes over for this format
     if alt:
         sides["alt"] = calls_of(alternatives[alt], prepared, "alt")

@@ -30,14 +30,20 @@ FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
-WGMMA_MAJOR = 9
 # Formats with a GEMV step, and those the rule sends there: on the H200 at 1 token the GEMV path
 # beat the grouped GEMMs for fp8 (qwen3-30b-a3b 26.2 vs 28.6 us, deepseek-v3 EP rank 37.1 vs 57.1)
 # and mxfp4 (gpt-oss-120b 90.9 vs 105.9) and lost for bf16 (qwen3-30b-a3b 34.0 vs 31.1,
 # mixtral-8x7b 215.7 vs 171.9): 16-bit weights need no conversion, and the pipelined tensor-core
 # loop streams them faster.
 GEMV_FORMATS = ("bf16", "fp8_block128", "mxfp4")
-GEMV_RULE_FORMATS = ("fp8_block128", "mxfp4")
+# The rule takes the GEMV path where the per-route tensor-core GEMM 1 would have fewer than this
+# many programs per SM (local routes x I / 32-wide N tiles): on the H200 at 1 token the GEMV ran
+# deepseek-v3's EP rank (fp8, about one local route: 64 programs) in 37.1 us against 50.7 for
+# per-route GEMMs, and gpt-oss-120b mxfp4 (4 routes: 360 programs; the GEMV's exact bit decode is
+# cheaper than dot_scaled's upcast) in 90.9 against 100.3, while qwen3-30b-a3b fp8 (8 routes: 192
+# programs) ran per-route GEMMs in 24.0 against 26.2 and bf16 lost on the GEMV everywhere.
+GEMV_RULE_PROGRAMS_PER_SM = {"fp8_block128": 1, "mxfp4": 4}
+GEMV_RULE_TILE_N = 32
 GEMV_ROUTE_SHARE = 4
 GEMV_PROGRAMS_PER_SM = 4  # resident programs' loads in flight cover the memory latency
 GEMV_MAX_BLOCK_N = 32
@@ -231,14 +237,12 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
         reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
                        f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
-    if (fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled):
-        # wgmma's first operand spans 64 rows: N tiles narrower than that keep the dot order.
-        swaps = [_has_wgmma(gpu) and g.block_n >= 64 if swap_ab is None else bool(swap_ab)
-                 for g in (gemm1, gemm2)]
-        gemm1, gemm2 = (attrs.evolve(g, swap_ab=swap) for g, swap in zip((gemm1, gemm2), swaps, strict=True))
-        if any(swaps):
-            reasons.append("swap-AB: the weights dequantized in registers are wgmma's first operand, read "
-                           "from registers" + ("" if swap_ab is None else " (asked for)"))
+    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
+        # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
+        # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
+        # 303.5, gpt-oss-120b mxfp4 at 4096 tokens 12027 against 4760.
+        gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=True), attrs.evolve(gemm2, swap_ab=True)
+        reasons.append("swap-AB (asked for): W @ x.T, the dequantized weights as the dot's first operand")
     if decode:
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
@@ -246,8 +250,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    if gemv is False or not uses_gemv(spec, bucket, fp8_act, GEMV_FORMATS if gemv else GEMV_RULE_FORMATS):
-        per_route = few_routes(spec, bucket)
+    if gemv is False or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
+        # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
+        # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
+        # tokens: 146.2 us per route against 128.5 grouped).
+        per_route = few_routes(spec, bucket) and not spec.is_ep
         if per_route:
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
@@ -284,18 +291,18 @@ def few_routes(spec, bucket: int) -> bool:
     return bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts
 
 
-def uses_gemv(spec, bucket: int, fp8_act: bool, formats: tuple = GEMV_RULE_FORMATS) -> bool:
-    """The decode GEMV path: few routes, a format in `formats`, 16-bit activations."""
-    return spec.weight_format in formats and not fp8_act and few_routes(spec, bucket)
-
-
-def _has_wgmma(gpu) -> bool:
-    """Hopper's wgmma takes its first operand from registers and its second from shared memory
-    only; mma.sync (Ampere, Ada) and AMD's MFMA take both from registers."""
-    if gpu is None or gpu.vendor != "nvidia":
+def uses_gemv(spec, bucket: int, fp8_act: bool, sms: int, forced: Optional[bool] = None) -> bool:
+    """The decode GEMV path: few routes, 16-bit activations, and (by the rule) a tensor-core GEMM 1
+    too small to keep the GPU streaming (GEMV_RULE_PROGRAMS_PER_SM); forced=True: every format
+    with a GEMV step."""
+    fmt = spec.weight_format
+    if fp8_act or not few_routes(spec, bucket) or fmt not in GEMV_FORMATS:
         return False
-    cc: Optional[tuple] = gpu.compute_capability
-    return cc is not None and cc[0] == WGMMA_MAJOR
+    if forced:
+        return True
+    local_routes = max(bucket * spec.top_k * spec.local_experts / spec.num_experts, 1.0)
+    programs = local_routes * math.ceil(spec.intermediate_size / GEMV_RULE_TILE_N)
+    return programs < GEMV_RULE_PROGRAMS_PER_SM.get(fmt, 0) * sms
 
 
 def _has_fp8_mma(gpu) -> bool:

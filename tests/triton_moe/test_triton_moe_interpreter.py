@@ -128,8 +128,8 @@ def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
 ])
 def test_per_route_blocks(fmt, activation, H, I, oracle, weights_for):
     """Few routes through the GEMMs: one block per route, no grouping launch (three launches),
-    with bias, EP and dropped routes."""
-    spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
+    with bias and dropped routes (not under EP: there the routes are grouped)."""
+    spec = small_spec(fmt, activation, bias=True, experts=16, H=H, I=I)
     kernel = TritonMoEKernel(spec, CPU, gemv=False)
     plan = kernel.plan(2)
     assert plan.config.per_route and plan.launches == 3

@@ -180,8 +180,8 @@ def test_swap_ab(fmt, swap_ab, M, oracle, weights_for):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_per_route_blocks(fmt, oracle, weights_for):
-    """Few routes through the GEMMs, one block per route (the rule's choice for bf16 and int4)."""
-    spec = make_spec(fmt, "swiglu_oai", bias=True, ep=True, experts=32)
+    """Few routes through the GEMMs, one block per route (the rule's choice without EP)."""
+    spec = make_spec(fmt, "swiglu_oai", bias=True, experts=32)
     kernel = TritonMoEKernel(spec, cuda_target(), gemv=False)
     assert kernel.plan(3).config.per_route
     run_case(spec, 3, oracle, weights_for, kernel=kernel, drop=0.2)
