@@ -2,8 +2,9 @@
 covers every shape, written so `plan()` can say why each number was chosen. Pure Python (no torch,
 no Triton), so it is tested on recorded profiles anywhere.
 
-- BLOCK_M follows the expected routes per local expert (the M of each expert's GEMM), from 16
-  (the smallest tensor-core tile) to 128 where the GPU has the shared memory for it.
+- BLOCK_M follows the routes of a busy local expert (the M of each expert's GEMM: the mean per
+  expert plus two standard deviations), from 16 (the smallest tensor-core tile) to 128 where the
+  GPU has the shared memory for it, so that one block holds an expert's routes.
 - Decode is a weight stream: BLOCK_N (64 at most: on the H200, gpt-oss-120b mxfp4 at 64 tokens ran
   2.4x slower with 128) shrinks until there are about two programs per SM to keep enough loads in
   flight; BLOCK_K is 128 (one fp8 block / int4 group / four mxfp4 groups per step).
@@ -28,9 +29,31 @@ import attrs
 FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
+BLOCK_M_128_MIN_ROUTES = 48
+# Formats with a GEMV step, and those the rule sends there: on the H200 at 1 token the GEMV path
+# beat the grouped GEMMs for fp8 (qwen3-30b-a3b 26.2 vs 28.6 us, deepseek-v3 EP rank 37.1 vs 57.1)
+# and mxfp4 (gpt-oss-120b 90.9 vs 105.9) and lost for bf16 (qwen3-30b-a3b 34.0 vs 31.1,
+# mixtral-8x7b 215.7 vs 171.9): 16-bit weights need no conversion, and the pipelined tensor-core
+# loop streams them faster.
+GEMV_FORMATS = ("bf16", "fp8_block128", "mxfp4")
+# The rule takes the GEMV path where the per-route tensor-core GEMM 1 would have fewer than this
+# many programs per SM (local routes x I / 32-wide N tiles): on the H200 at 1 token the GEMV ran
+# deepseek-v3's EP rank (fp8, about one local route: 64 programs) in 37.1 us against 50.7 for
+# per-route GEMMs, and gpt-oss-120b mxfp4 (4 routes: 360 programs; the GEMV's exact bit decode is
+# cheaper than dot_scaled's upcast) in 90.9 against 100.3, while qwen3-30b-a3b fp8 (8 routes: 192
+# programs) ran per-route GEMMs in 24.0 against 26.2 and bf16 lost on the GEMV everywhere.
+GEMV_RULE_PROGRAMS_PER_SM = {"fp8_block128": 1, "mxfp4": 4}
+GEMV_RULE_TILE_N = 32
+GEMV_ROUTE_SHARE = 4
+GEMV_PROGRAMS_PER_SM = 4  # resident programs' loads in flight cover the memory latency
+GEMV_MAX_BLOCK_N = 32
+GEMV_MIN_BLOCK_N = 4
+GEMV_TILE_VALUES = {"bf16": 4096, "fp8_block128": 4096, "mxfp4": 8192}
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
+DEFAULT_L2 = 40 << 20
+MAX_GROUP_M = 16
 FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
@@ -48,9 +71,24 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False  # W @ x.T: the weights dequantized in registers are the dot's first operand
+    group_m: int = 1  # blocks that walk the N tiles together (1: each block's N tiles in turn)
 
     def describe(self) -> str:
-        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
+        swap = " swap-AB" if self.swap_ab else ""
+        group = f" group {self.group_m}" if self.group_m > 1 else ""
+        return (f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
+                f"{swap}{group}")
+
+
+@attrs.frozen
+class GemvConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+
+    def describe(self) -> str:
+        return f"BN {self.block_n} BK {self.block_k} warps {self.num_warps}"
 
 
 @attrs.frozen
@@ -61,8 +99,16 @@ class LaunchConfig:
     gemm2: GemmConfig
     fp8_act: bool  # fp8 weights: True w8a8 (dynamic per-row activation quantization), False w8a16
     reasons: tuple  # one sentence per choice
+    # The decode path (gemv.py) where set: GEMV 1 + activation, GEMV 2 + top-k sum; the GEMM
+    # configs above are then unused.
+    gemv1: Optional[GemvConfig] = None
+    gemv2: Optional[GemvConfig] = None
+    # Few routes, GEMMs without the grouping launch: each BLOCK_M block is one route.
+    per_route: bool = False
 
     def describe(self) -> str:
+        if self.gemv1 is not None:
+            return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
         mode = " w8a8" if self.fp8_act else ""
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
@@ -73,12 +119,26 @@ def _weight_bits(fmt: str) -> float:
     return {"bf16": 16, "fp8_block128": 8, "mxfp4": 4, "int4_g128": 4}[fmt]
 
 
+def busiest_expert_routes(routes_per_expert: float) -> float:
+    """Routes of a typically busy expert: the per-expert count of uniform routing is about Poisson,
+    so the mean plus two standard deviations."""
+    return routes_per_expert + 2 * math.sqrt(routes_per_expert)
+
+
 def choose_block_m(routes_per_expert: float, smem: int) -> int:
-    block_m = MIN_BLOCK_M
-    for candidate in (32, 64, 128):
-        if routes_per_expert >= candidate * 0.75 and (candidate < 128 or smem >= 160 * 1024):
-            block_m = candidate
-    return block_m
+    """The smallest tile that holds a busy expert's routes in one block, so that its weights are
+    streamed once: an expert whose routes spill into a second block reads them twice, and below
+    ~100 routes per expert the weights, not the tensor cores, bound the call (on the H200,
+    mixtral-8x7b at 64 tokens, 16 routes per expert, ran at 77% of the copy rate with BLOCK_M 16).
+    128 needs 160 KiB of shared memory per block, and at least BLOCK_M_128_MIN_ROUTES routes per
+    expert so that half the rows of a tile are live."""
+    busy = busiest_expert_routes(routes_per_expert)
+    for candidate in (16, 32, 64):
+        if busy <= candidate:
+            return candidate
+    if routes_per_expert >= BLOCK_M_128_MIN_ROUTES and smem >= 160 * 1024:
+        return 128
+    return 64
 
 
 def _stage_bytes(block_m: int, block_n: int, block_k: int, tiles_n: int, a_bits: int,
@@ -122,9 +182,25 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConfig:
+def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
+    """Prefill: how many blocks walk the N tiles together, so each weight tile is read from memory
+    once for all of them while it sits in L2 (an expert's weights exceed L2 for the large layers:
+    mixtral-8x7b's w13 is 235 MB; walking one block's N tiles at a time streams them once per
+    block). The blocks' activation rows, read once per N tile, are held to a quarter of L2."""
+    g = MAX_GROUP_M
+    while g > 1 and g * block_m * k * a_bits / 8 > l2_bytes / 4:
+        g //= 2
+    return g
+
+
+def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
+           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
+           grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
-    (True) or w8a16 (False) for fp8 weights instead of the rule."""
+    (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
+    GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
+    few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
+    dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -133,7 +209,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConf
     routes = bucket * spec.top_k * spec.local_experts / spec.num_experts
     per_expert = routes / E
     block_m = choose_block_m(per_expert, smem)
-    reasons = [f"{per_expert:.1f} routes per local expert expected at {bucket} tokens -> BLOCK_M {block_m}"]
+    reasons = [f"{per_expert:.1f} routes per local expert expected at {bucket} tokens, a busy one "
+               f"{busiest_expert_routes(per_expert):.0f} -> BLOCK_M {block_m}"]
     experts_hit = min(E, max(routes, 1.0))
     blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
     decode = block_m <= 32
@@ -154,6 +231,21 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConf
                   a_bits, sms, smem, amd)
     gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                   smem, amd)
+    # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
+    # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
+    # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
+    if not decode and grouped_n and spec.weight_format != "mxfp4":
+        l2 = (gpu.l2_bytes if gpu is not None else None) or DEFAULT_L2
+        gemm1 = attrs.evolve(gemm1, group_m=group_m(block_m, spec.hidden_size, a_bits, l2))
+        gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
+        reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
+                       f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
+        # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
+        # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
+        # 303.5, gpt-oss-120b mxfp4 at 4096 tokens 12027 against 4760.
+        gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=True), attrs.evolve(gemm2, swap_ab=True)
+        reasons.append("swap-AB (asked for): W @ x.T, the dequantized weights as the dot's first operand")
     if decode:
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
@@ -161,7 +253,59 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None) -> LaunchConf
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons))
+    if gemv is False or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
+        # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
+        # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
+        # tokens: 146.2 us per route against 128.5 grouped).
+        per_route = few_routes(spec, bucket) and not spec.is_ep
+        if per_route:
+            reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
+                           f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
+                           "topk_ids by the GEMMs, no grouping launch")
+        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route)
+    gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
+    gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
+    reasons = [r for r in reasons if "w8a" in r]
+    reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x {GEMV_ROUTE_SHARE} <= "
+                   "experts): experts rarely share a route, so one GEMV per route on the CUDA cores, no "
+                   "grouping, the top-k sum inside GEMV 2: two launches")
+    reasons.append(f"BLOCK_N {gemv1.block_n}/{gemv2.block_n} gives >= {GEMV_PROGRAMS_PER_SM} programs per "
+                   f"SM on {sms} SMs where N allows; BLOCK_K fills "
+                   f"{GEMV_TILE_VALUES[spec.weight_format]}-value tiles")
+    return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), gemv1, gemv2)
+
+
+def _gemv(n: int, k: int, units: float, fmt: str, sms: int) -> GemvConfig:
+    """BLOCK_N halves from GEMV_MAX_BLOCK_N until `units` (routes or tokens) x N tiles give
+    GEMV_PROGRAMS_PER_SM programs per SM; BLOCK_K then makes the tile GEMV_TILE_VALUES values
+    (about 8 KiB of bf16, 4 KiB of fp8 or mxfp4 per load), no longer than K needs."""
+    block_n = GEMV_MAX_BLOCK_N
+    while block_n > GEMV_MIN_BLOCK_N and units * math.ceil(n / block_n) < GEMV_PROGRAMS_PER_SM * sms:
+        block_n //= 2
+    values = GEMV_TILE_VALUES[fmt]
+    unit = 32 if fmt == "mxfp4" else 128  # one mxfp4 scale group / one fp8 scale block
+    block_k = max(unit, min(values // block_n, 1 << math.ceil(math.log2(max(k, unit)))))
+    return GemvConfig(block_n, block_k, 8 if values > 4096 else 4)
+
+
+def few_routes(spec, bucket: int) -> bool:
+    """Experts rarely share a route (the rule of vLLM 0.33.0's naive block assignment: routes x 4
+    <= experts), so grouping routes by expert saves no weight reads."""
+    return bucket * spec.top_k * GEMV_ROUTE_SHARE <= spec.num_experts
+
+
+def uses_gemv(spec, bucket: int, fp8_act: bool, sms: int, forced: Optional[bool] = None) -> bool:
+    """The decode GEMV path: few routes, 16-bit activations, and (by the rule) a tensor-core GEMM 1
+    too small to keep the GPU streaming (GEMV_RULE_PROGRAMS_PER_SM); forced=True: every format
+    with a GEMV step."""
+    fmt = spec.weight_format
+    if fp8_act or not few_routes(spec, bucket) or fmt not in GEMV_FORMATS:
+        return False
+    if forced:
+        return True
+    local_routes = max(bucket * spec.top_k * spec.local_experts / spec.num_experts, 1.0)
+    programs = local_routes * math.ceil(spec.intermediate_size / GEMV_RULE_TILE_N)
+    return programs < GEMV_RULE_PROGRAMS_PER_SM.get(fmt, 0) * sms
 
 
 def _has_fp8_mma(gpu) -> bool:

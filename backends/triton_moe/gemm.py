@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from backends.triton_moe.routing import local_expert
+
 # Weight formats as the kernels know them (constexpr codes).
 BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3
 # Activations.
@@ -34,6 +36,19 @@ def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_w
 
 
 @triton.jit
+def _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                     scale_cols):
+    """[BN, BK] e4m3 tile (rows of the row-major [N, K] weight, K contiguous as stored) times its
+    block scale, rounded once to 16 bits by the caller."""
+    mask = row_ok[:, None] & (offs_k[None, :] < K)
+    w = tl.load(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * K + offs_k[None, :], mask=mask,
+                other=0.0)
+    s = tl.load(s_ptr + expert * stride_se + (rows // 128) * scale_cols + k0 // 128, mask=row_ok,
+                other=0.0)
+    return w.to(tl.float32) * s[:, None]
+
+
+@triton.jit
 def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                        BLOCK_K: tl.constexpr):
     """The packed [BK/2, BN] e2m1 bytes and [BN, BK/32] e8m0 scales of one K step, as dot_scaled
@@ -41,6 +56,22 @@ def _mxfp4_packed_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, str
     half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     mask = (half[:, None] < K // 2) & row_ok[None, :]
     packed = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * (K // 2) + half[:, None],
+                     mask=mask, other=0)
+    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    smask = row_ok[:, None] & (group[None, :] < K // 32)
+    e8m0 = tl.load(s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * (K // 32) + group[None, :],
+                   mask=smask, other=0)
+    return packed, e8m0
+
+
+@triton.jit
+def _mxfp4_packed_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                       BLOCK_K: tl.constexpr):
+    """The packed [BN, BK/2] e2m1 bytes (rows as stored, packed along K) and [BN, BK/32] e8m0
+    scales of one K step: dot_scaled's first operand."""
+    half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = row_ok[:, None] & (half[None, :] < K // 2)
+    packed = tl.load(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (K // 2) + half[None, :],
                      mask=mask, other=0)
     group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     smask = row_ok[:, None] & (group[None, :] < K // 32)
@@ -96,12 +127,23 @@ def _int4_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, K, N_TOTAL, stride
 def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, N_TOTAL, stride_we,
               stride_se, scale_cols, group_size, FORMAT: tl.constexpr, A_FP8: tl.constexpr,
               DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
     in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
     through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
-    scales in its own layouts) or through the fp32 bit patterns below."""
-    if FORMAT == 0:
+    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 w8a16 and
+    mxfp4 through dot_scaled): acc is [BN, BM] and gets W @ a.T: the weights dequantized in
+    registers are the dot's first operand, which Hopper's wgmma reads from registers, so they are
+    not written back to shared memory for the tensor cores as a second operand must be."""
+    if SWAP_AB and FORMAT == 2:
+        packed, e8m0 = _mxfp4_packed_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
+                                          BLOCK_K)
+        acc = tl.dot_scaled(packed, e8m0, "e2m1", tl.trans(a), None, A_FORMAT, acc)
+    elif SWAP_AB:
+        w = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                             scale_cols)
+        acc = tl.dot(w.to(a.dtype), tl.trans(a), acc)
+    elif FORMAT == 0:
         w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None],
                     mask=(offs_k[:, None] < K) & row_ok[None, :], other=0.0)
         acc = tl.dot(a, w.to(a.dtype), acc)
@@ -145,28 +187,48 @@ def _quantize_rows(a, FP8_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr):
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, sorted_routes_ptr, block_expert_ptr, topk_weights_ptr,
-    num_routes, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride, up_offset,
-    swiglu_alpha, swiglu_limit,
+    topk_ids_ptr, expert_map_ptr,
+    num_routes, num_experts, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride,
+    up_offset, swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
-    out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2)."""
+    out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2).
+    PER_ROUTE (few routes, no grouping launch): block b is route b alone, its expert read from
+    topk_ids here, and h has one row per route (row = route)."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
+    # GROUP_M > 1 (prefill): GROUP_M blocks walk the N tiles together, so a weight tile is read
+    # once for all of them while in L2.
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
-    expert = tl.load(block_expert_ptr + pid_m)
+    if GROUP_M == 1:
+        pid_m = pid // tiles_n
+        pid_n = pid % tiles_n
+    else:
+        blocks = tl.num_programs(0) // tiles_n
+        first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
+        group_size = tl.minimum(blocks - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_size
+        pid_n = (pid % (GROUP_M * tiles_n)) // group_size
+    if PER_ROUTE:
+        expert = local_expert(topk_ids_ptr, expert_map_ptr, pid_m, num_routes, num_experts, LOCAL_EXPERTS,
+                              HAS_MAP)
+        route = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_routes)
+        rows_m = route  # h's row of a route is the route
+    else:
+        expert = tl.load(block_expert_ptr + pid_m)
+        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        route = tl.load(sorted_routes_ptr + rows_m)
     if expert < 0:
         return
     expert = expert.to(tl.int64)
-    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_routes_ptr + rows_m)
     live = route < num_routes
     if FIRST:
         a_rows = (route // TOP_K).to(tl.int64)
@@ -177,8 +239,12 @@ def moe_gemm_kernel(
     GATED: tl.constexpr = FIRST and ACTIVATION != 2
     gate_rows = offs_n * gate_stride
     up_rows = gate_rows + up_offset
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -190,11 +256,14 @@ def moe_gemm_kernel(
             a = a.to(tl.float32)
         acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
                         stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
-                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
         if GATED:
             acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
                                N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
-                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N)
+                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
         if GATED:

@@ -1,7 +1,8 @@
 """The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
 de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
-ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two). Scratch sizes depend
+ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
+experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
@@ -16,6 +17,7 @@ import triton
 
 from backends.triton_moe import configs
 from backends.triton_moe.gemm import moe_gemm_kernel
+from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
 from backends.triton_moe.routing import (
     align_routes_kernel,
@@ -28,7 +30,8 @@ from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 
 NAME = "triton_moe"
-LAUNCHES = 4  # at decode; prefill groups routes in two launches
+LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
+GEMV_LAUNCHES = 2
 MXFP4_PATHS = ("dot_scaled", "bits")
 DEFAULT_MXFP4_PATH = "dot_scaled"
 SUM_BLOCK_H = 1024
@@ -104,11 +107,16 @@ class TritonMoEKernel(MoEKernel):
     backend = NAME
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
-                 mxfp4_path: Optional[str] = None):
+                 mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
-        (values built from bit patterns and two plain dots; the only one with fp32 dots)."""
+        (values built from bit patterns and two plain dots; the only one with fp32 dots).
+        gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
+        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too. swap_ab
+        forces the operand order of dequantized weights (the rule swaps on Hopper). grouped_n=False
+        walks each block's N tiles in turn at prefill too (the rule groups blocks)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -116,6 +124,9 @@ class TritonMoEKernel(MoEKernel):
             raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
                              + ", ".join(MXFP4_PATHS))
         self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
+        self.gemv = gemv
+        self.swap_ab = swap_ab
+        self.grouped_n = grouped_n
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -141,7 +152,8 @@ class TritonMoEKernel(MoEKernel):
         if chosen is None:
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
-            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act)
+            chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
+                                    self.mxfp4_path == "dot_scaled", self.grouped_n)
             self._configs[bucket] = chosen
         return chosen
 
@@ -150,8 +162,13 @@ class TritonMoEKernel(MoEKernel):
         config = self.config(tokens)
         _, blocks = configs.max_rows(tokens, self.spec, config.block_m)
         path = WEIGHT_PATHS[self.spec.weight_format]
+        if config.gemv1 is not None:
+            path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
+            return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
         if self.spec.weight_format == "fp8_block128":
             path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+        if config.per_route:
+            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
         return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
 
@@ -175,29 +192,65 @@ class TritonMoEKernel(MoEKernel):
                                 bias(weights.b2), expert_map, gate_stride, up_offset)
 
     # --- per call ------------------------------------------------------------------------------
-    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights,
-              num_routes: int, n: int, k: int, n_total: int, gate_stride: int, up_offset: int,
-              block_m: int, gemm: configs.GemmConfig, fp8_act: bool):
+    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights, ids,
+              id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int, gate_stride: int,
+              up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool, per_route: bool):
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
-        grid = (block_expert.shape[0] * triton.cdiv(n, gemm.block_n),)
+        blocks = num_routes if per_route else block_expert.shape[0]
+        grid = (blocks * triton.cdiv(n, gemm.block_n),)
         moe_gemm_kernel[grid](
             a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
-            topk_weights, num_routes, n, k, n_total, w.stride(0), 0 if s is None else s.stride(0),
-            math.ceil(k / 128), group, gate_stride, up_offset,
+            topk_weights, ids, id_map, num_routes, spec.num_experts, n, k, n_total, w.stride(0),
+            0 if s is None else s.stride(0), math.ceil(k / 128), group, gate_stride, up_offset,
             float(spec.swiglu_alpha), float(spec.swiglu_limit),
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
             A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
-            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
+            BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
+            PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
         for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
             launch()
+
+    def _gemv_launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out, config) -> Launches:
+        spec = self.spec
+        M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
+        routes = M * spec.top_k
+        ids = topk_ids.contiguous()
+        weights = topk_weights.contiguous()
+        has_map = data.expert_map is not None
+        id_map = data.expert_map if has_map else ids  # any tensor where there is no map
+        h = torch.empty(routes, I, dtype=x.dtype, device=x.device)
+        fmt = configs.FORMAT_CODES[spec.weight_format]
+        no_scale = (lambda t, w: w if t is None else t)  # noqa: E731
+        g1, g2 = config.gemv1, config.gemv2
+
+        def gemv1():
+            moe_gemv_first_kernel[(routes, triton.cdiv(I, g1.block_n))](
+                x, ids, id_map, data.w13, no_scale(data.s13, data.w13), no_scale(data.b13, data.w13), h,
+                routes, spec.num_experts, I, H, spec.w13_rows, data.w13.stride(0),
+                0 if data.s13 is None else data.s13.stride(0), math.ceil(H / 128), data.gate_stride,
+                data.up_offset, float(spec.swiglu_alpha), float(spec.swiglu_limit),
+                TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, FORMAT=fmt,
+                ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=data.b13 is not None,
+                BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, num_warps=g1.num_warps)
+
+        def gemv2_top_k_sum():
+            moe_gemv_second_kernel[(M, triton.cdiv(H, g2.block_n))](
+                h, ids, id_map, weights, data.w2, no_scale(data.s2, data.w2), no_scale(data.b2, data.w2),
+                out, routes, spec.num_experts, H, I, data.w2.stride(0),
+                0 if data.s2 is None else data.s2.stride(0), math.ceil(I / 128),
+                TOP_K=spec.top_k, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, FORMAT=fmt,
+                HAS_BIAS=data.b2 is not None, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k,
+                num_warps=g2.num_warps)
+
+        return Launches([("gemv1", gemv1), ("gemv2_top_k_sum", gemv2_top_k_sum)], dict(h=h))
 
     def launches(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> Launches:
         """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
@@ -206,6 +259,8 @@ class TritonMoEKernel(MoEKernel):
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
         config = self.config(M)
+        if config.gemv1 is not None:
+            return self._gemv_launches(x, topk_weights, topk_ids, data, out, config)
         bm = config.block_m
         max_padded, max_blocks = configs.max_rows(M, spec, bm)
         device = x.device
@@ -218,7 +273,9 @@ class TritonMoEKernel(MoEKernel):
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=device)
         bins = triton.next_power_of_2(spec.local_experts + 1)
         cursor = torch.empty(bins, dtype=torch.int32, device=device)
-        h = torch.empty(max_padded, I, dtype=x.dtype, device=device)
+        per_route = config.per_route
+        # GEMM 1's output: a row per padded row of the blocks, or per route where each is a block.
+        h = torch.empty(routes if per_route else max_padded, I, dtype=x.dtype, device=device)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
 
         block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
@@ -247,13 +304,13 @@ class TritonMoEKernel(MoEKernel):
                 num_warps=ALIGN_WARPS)
 
         def gemm1():
-            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights,
-                       routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm, config.gemm1,
-                       config.fp8_act)
+            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, ids,
+                       id_map, has_map, routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm,
+                       config.gemm1, config.fp8_act, per_route)
 
         def gemm2():
-            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights,
-                       routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act)
+            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights, ids,
+                       id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act, per_route)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
@@ -262,5 +319,7 @@ class TritonMoEKernel(MoEKernel):
 
         grouping = [("align", align)] if programs == 1 else [("count_routes", count_routes),
                                                              ("scatter_routes", scatter_routes)]
+        if per_route:
+            grouping = []
         return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
                         dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, y=y))

@@ -110,6 +110,23 @@ def test_decode_tiles_shrink_to_fill_the_sms():
     assert c.block_m == 16 and (programs >= 2 * gpu.sm_count or c.gemm1.block_n == 32)
 
 
+def test_decode_path_rule():
+    """Few routes: the GEMV where a per-route GEMM 1 would leave the H200 short of programs (fp8 EP
+    rank, mxfp4 at 1 token), per-route blocks without EP, grouped routes under EP."""
+    gpu = hal.probe(profile="h200").gpus[0]
+    deepseek = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
+    assert configs.choose(deepseek, gpu, 1).gemv1 is not None
+    at_8 = configs.choose(deepseek, gpu, 8)
+    assert at_8.gemv1 is None and not at_8.per_route
+    gpt_oss = presets.get("gpt-oss-120b").spec("mxfp4")
+    assert configs.choose(gpt_oss, gpu, 1).gemv1 is not None
+    assert configs.choose(gpt_oss, gpu, 8).per_route
+    for fmt in ("bf16", "fp8_block128"):
+        c = configs.choose(spec(fmt), gpu, 1)
+        assert c.gemv1 is None and c.per_route
+        assert not c.gemm1.swap_ab and not c.gemm2.swap_ab  # on request only
+
+
 def test_fp8_act_on_request_needs_fp8_tensor_cores():
     a100 = GpuCaps(vendor="nvidia", arch="sm_80", sm_count=108, smem_per_block_optin=166912)
     assert not configs.choose(spec("fp8_block128"), a100, 4096, fp8_act=True).fp8_act
@@ -123,4 +140,9 @@ def test_plan_describes_the_call():
     kernel = TritonMoEKernel(spec("fp8_block128"), target("h200"))
     text = kernel.plan(4096).describe()
     assert "BLOCK_M 128" in text and "5 launches" in text and "w8a16" in text
-    assert "4 launches" in kernel.plan(1).describe()
+    per_route = kernel.plan(1).describe()
+    assert "3 launches" in per_route and "block per route" in per_route
+    gemv = TritonMoEKernel(spec("fp8_block128"), target("h200"), gemv=True).plan(1).describe()
+    assert "2 launches" in gemv and "GEMV" in gemv
+    assert "3 launches" in TritonMoEKernel(spec(), target("h200")).plan(1).describe()  # bf16
+    assert "4 launches" in TritonMoEKernel(spec(), target("h200")).plan(64).describe()

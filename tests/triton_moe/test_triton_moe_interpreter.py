@@ -106,6 +106,36 @@ def test_layer_matches_oracle(fmt, activation, bias, ep, oracle, weights_for):
     run_layer(small_spec(fmt, activation, bias, ep, H=H, I=I), 5, oracle, weights_for)
 
 
+@pytest.mark.parametrize("fmt,activation,H,I", [
+    ("bf16", "silu", 200, 72),
+    ("fp8_block128", "swiglu_oai", 200, 136),
+    ("mxfp4", "swiglu_oai", 224, 96),
+    ("mxfp4", "relu2", 224, 96),
+])
+def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
+    """Few routes over many experts: GEMV 1 per route, GEMV 2 with the top-k sum (two launches),
+    with bias, EP and dropped routes."""
+    spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU, gemv=True)  # bf16 takes it on request only
+    assert kernel.plan(2).launches == 2
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
+@pytest.mark.parametrize("fmt,activation,H,I", [
+    ("bf16", "swiglu_oai", 200, 72),
+    ("int4_g128", "silu", 256, 128),
+    ("fp8_block128", "relu2", 200, 136),
+])
+def test_per_route_blocks(fmt, activation, H, I, oracle, weights_for):
+    """Few routes through the GEMMs: one block per route, no grouping launch (three launches),
+    with bias and dropped routes (not under EP: there the routes are grouped)."""
+    spec = small_spec(fmt, activation, bias=True, experts=16, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU, gemv=False)
+    plan = kernel.plan(2)
+    assert plan.config.per_route and plan.launches == 3
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
 def test_int4_per_channel(oracle, weights_for):
     """group_size -1: one scale per output column over all of K."""
     spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,
@@ -119,15 +149,26 @@ def test_prefill_tiles(oracle, weights_for):
               weights_for)
 
 
+@pytest.mark.parametrize("M", [5, 130])  # decode and prefill tiles
+def test_fp8_swap_ab(M, oracle, weights_for):
+    """fp8 w8a16 with the weights as the dot's first operand (the rule's choice on Hopper)."""
+    spec = small_spec("fp8_block128", "swiglu_oai", bias=True, ep=True, experts=4, H=200, I=136)
+    kernel = TritonMoEKernel(spec, CPU, swap_ab=True)
+    assert kernel.plan(M).config.gemm1.swap_ab
+    run_layer(spec, M, oracle, weights_for, kernel=kernel)
+
+
 def test_w8a8(oracle_w8a8, weights_for):
     spec = small_spec("fp8_block128", "silu", bias=True, ep=True, H=200, I=136)
     run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))
 
 
-def test_mxfp4_dot_scaled(oracle, weights_for):
-    """Triton's dot_scaled path, in float16 (the interpreter evaluates it in 16 bits)."""
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_mxfp4_dot_scaled(swap_ab, oracle, weights_for):
+    """Triton's dot_scaled path, in float16 (the interpreter evaluates it in 16 bits), with the
+    packed weights as its second operand or (swap-AB) its first."""
     spec = small_spec("mxfp4", "swiglu_oai", bias=True, H=224, I=96)
-    kernel = TritonMoEKernel(spec, CPU, dot_f32=False, mxfp4_path="dot_scaled")
+    kernel = TritonMoEKernel(spec, CPU, dot_f32=False, mxfp4_path="dot_scaled", swap_ab=swap_ab)
     run_layer(spec, 5, oracle, weights_for, kernel=kernel)
 
 

@@ -168,13 +168,42 @@ def test_selected_for_bf16_fp8_mxfp4_on_cuda():
         assert hal.select_moe_kernel(make_spec(fmt), device="cuda").backend == "triton_moe"
 
 
-def test_graph_capture_replays_new_routing(oracle, weights_for):
+@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("M", [5, 300])
+def test_swap_ab(fmt, swap_ab, M, oracle, weights_for):
+    """fp8 w8a16 and mxfp4 (dot_scaled) in both operand orders, at decode and prefill tiles."""
+    spec = make_spec(fmt, "swiglu_oai", bias=True, ep=True)
+    kernel = TritonMoEKernel(spec, cuda_target(), swap_ab=swap_ab)
+    run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_per_route_blocks(fmt, oracle, weights_for):
+    """Few routes through the GEMMs, one block per route (the rule's choice without EP)."""
+    spec = make_spec(fmt, "swiglu_oai", bias=True, experts=32)
+    kernel = TritonMoEKernel(spec, cuda_target(), gemv=False)
+    assert kernel.plan(3).config.per_route
+    run_case(spec, 3, oracle, weights_for, kernel=kernel, drop=0.2)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_decode_gemv(fmt, activation, oracle, weights_for):
+    """Few routes over many experts: the two-launch GEMV path, with bias, EP and dropped routes."""
+    spec = make_spec(fmt, activation, bias=True, ep=True, experts=32)
+    kernel = TritonMoEKernel(spec, cuda_target(), gemv=True)  # bf16 takes it on request only
+    assert kernel.plan(3).config.gemv1 is not None
+    run_case(spec, 3, oracle, weights_for, kernel=kernel, drop=0.2)
+
+
+@pytest.mark.parametrize("M,experts", [(24, 8), (2, 32)])  # grouped GEMMs, and the GEMV path
+def test_graph_capture_replays_new_routing(M, experts, oracle, weights_for):
     """A call captured once serves any routing written into the same input buffers."""
-    spec = make_spec("fp8_block128", "silu", bias=True, ep=True)
+    spec = make_spec("fp8_block128", "silu", bias=True, ep=True, experts=experts)
     kernel = TritonMoEKernel(spec, cuda_target())
     w = weights_for(spec, 0, DEVICE)
     prepared = kernel.prepare_weights(w)
-    M = 24
     x = random_tokens(spec, M, seed=1, device=DEVICE)
     tw, ti = random_routing(spec, M, seed=2, device=DEVICE)
     out = torch.empty_like(x)

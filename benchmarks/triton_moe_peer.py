@@ -1,0 +1,385 @@
+"""triton_moe side by side with vLLM 0.33.0's Triton fused MoE, in one process, on the same weights
+and routing: CUDA graphs of one call per rotated input set for each side, samples interleaved
+(ours, peer, peer GEMMs, ours, ...), medians, ceilings measured in the same run.
+
+    python benchmarks/triton_moe_peer.py [--peer DIR] [--cases qwen3-30b-a3b:bf16,...]
+        [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE]
+    TRITON_INTERPRET=1 python benchmarks/triton_moe_peer.py --device cpu --cases tiny:bf16 --tokens 1,5
+        (a check of the harness on CPU: the interpreter's figures mean nothing)
+
+DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and its
+`configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
+timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
+`peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
+`alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, each block's N
+tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` where it passes the
+GEMV path over; ratios are peer time / ours (above 1:
+triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
+FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
+over the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import attrs
+import torch
+
+import hal
+from backends.triton_moe import configs
+from backends.triton_moe.kernel import TritonMoEKernel
+from hal import presets
+from hal.backend import Target
+from hal.bench import ceilings as ceiling_probe
+from hal.spec import MoEWeights
+from hal.testing.accuracy import rel_err
+
+# A layer small enough for Triton's CPU interpreter.
+TINY = dict(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128)
+# name -> (preset, our format, the peer's format, spec overrides). gpt-oss-120b:mxfp4 times the
+# peer on bf16 weights of the same layer (vLLM's Triton kernel has no mxfp4 path).
+CASES = {
+    "qwen3-30b-a3b:bf16": ("qwen3-30b-a3b", "bf16", "bf16", {}),
+    "qwen3-30b-a3b:fp8": ("qwen3-30b-a3b", "fp8_block128", "fp8_block128", {}),
+    "deepseek-v3-ep8:fp8": ("deepseek-v3", "fp8_block128", "fp8_block128", {"num_local_experts": 32}),
+    "mixtral-8x7b:bf16": ("mixtral-8x7b", "bf16", "bf16", {}),
+    "gpt-oss-120b:bf16": ("gpt-oss-120b", "bf16", "bf16", {}),
+    "gpt-oss-120b:mxfp4": ("gpt-oss-120b", "mxfp4", "bf16", {}),
+    "qwen3-235b-a22b:bf16": ("qwen3-235b-a22b", "bf16", "bf16", {}),
+    "qwen3-235b-a22b:fp8": ("qwen3-235b-a22b", "fp8_block128", "fp8_block128", {}),
+    "kimi-k2-ep8:fp8": ("kimi-k2", "fp8_block128", "fp8_block128", {"num_local_experts": 48}),
+    "tiny:bf16": ("qwen3-30b-a3b", "bf16", "bf16", TINY),
+    "tiny-ep:fp8": ("qwen3-30b-a3b", "fp8_block128", "fp8_block128", dict(TINY, num_local_experts=6)),
+}
+DEFAULT_CASES = ("qwen3-30b-a3b:bf16", "qwen3-30b-a3b:fp8", "deepseek-v3-ep8:fp8", "mixtral-8x7b:bf16",
+                 "gpt-oss-120b:bf16", "gpt-oss-120b:mxfp4")
+DEFAULT_TOKENS = (1, 8, 64, 512, 4096)
+ROTATE = 8  # input sets per graph: consecutive calls route to different experts
+MIN_SAMPLE_S = 0.004  # each sample replays a graph at least this long
+FP8_MATMUL_N = 8192
+
+
+def device_weights(spec, seed: int, device) -> MoEWeights:
+    """Random weights of `spec`'s format made on the GPU (host generation of the larger layers
+    takes minutes): the value ranges of hal.synth."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    E, H, I, R = spec.local_experts, spec.hidden_size, spec.intermediate_size, spec.w13_rows
+    fmt = spec.weight_format
+
+    def fp8(rows, cols):
+        w = (torch.randn(E, rows, cols, generator=g, device=device) * 64).clamp(-448, 448)
+        s = torch.rand(E, math.ceil(rows / 128), math.ceil(cols / 128), generator=g, device=device) + 0.5
+        return w.to(torch.float8_e4m3fn), s / (64 * math.sqrt(cols))
+
+    def mxfp4(rows, cols):
+        q = torch.randint(0, 256, (E, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
+        s = torch.randint(120, 124, (E, rows, cols // 32), generator=g, device=device, dtype=torch.uint8)
+        return q, s
+
+    if fmt == "bf16":
+        w13 = torch.randn(E, R, H, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(H)
+        w2 = torch.randn(E, H, I, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(I)
+        s13 = s2 = None
+    elif fmt == "fp8_block128":
+        (w13, s13), (w2, s2) = fp8(R, H), fp8(H, I)
+    elif fmt == "mxfp4":
+        (w13, s13), (w2, s2) = mxfp4(R, H), mxfp4(H, I)
+    else:
+        raise ValueError(f"weight_format={fmt!r}: this benchmark times bf16, fp8_block128 and mxfp4")
+    extra = {}
+    if spec.has_bias:
+        extra = dict(b13=torch.randn(E, R, generator=g, device=device) * 0.1,
+                     b2=torch.randn(E, H, generator=g, device=device) * 0.1)
+    if spec.is_ep:
+        chosen = torch.randperm(spec.num_experts, generator=g, device=device)[:E]
+        expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32, device=device)
+        expert_map[chosen] = torch.arange(E, dtype=torch.int32, device=device)
+        extra["expert_map"] = expert_map
+    return MoEWeights(w13=w13, w2=w2, w13_scale=s13, w2_scale=s2, **extra)
+
+
+def input_sets(spec, tokens: int, device, expert_map) -> tuple:
+    """ROTATE sets of (x, topk_weights, topk_ids) with uniform routing, and the mean number of local
+    experts and local routes a set touches."""
+    g = torch.Generator(device=device).manual_seed(1000 + tokens)
+    sets, touched, routes = [], [], []
+    for _ in range(ROTATE):
+        x = torch.randn(tokens, spec.hidden_size, generator=g, device=device).to(torch.bfloat16)
+        ids = torch.rand(tokens, spec.num_experts, generator=g, device=device).topk(spec.top_k, dim=1).indices
+        tw = torch.softmax(torch.randn(tokens, spec.top_k, generator=g, device=device), dim=-1)
+        local = ids if expert_map is None else expert_map.long()[ids]
+        local = local[local >= 0]
+        touched.append(local.unique().numel())
+        routes.append(local.numel())
+        sets.append((x, tw, ids.to(torch.int32)))
+    return sets, sum(touched) / ROTATE, sum(routes) / ROTATE
+
+
+def fp8_matmul_tflops(device, bf16_tflops: float) -> float:
+    """torch._scaled_mm's e4m3 rate at FP8_MATMUL_N^3 (bf16 out, per-tensor scales); on CPU the
+    bf16 rate."""
+    if device == "cpu":
+        return bf16_tflops
+    n = FP8_MATMUL_N
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=device)
+    call = (lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+    seconds = time_sides({"mm": [call]}, 10, device)["mm"]
+    return 2 * n**3 / seconds / 1e12
+
+
+def _capture(calls):
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    return graph
+
+
+def time_sides(sides: dict, iters: int, device: str) -> dict:
+    """{name: median seconds per call}: each side's calls (one per input set) captured in one CUDA
+    graph; samples alternate between the sides. On CPU, wall clock around the calls."""
+    if device == "cpu":
+        samples = {name: [] for name in sides}
+        for _ in range(iters):
+            for name, calls in sides.items():
+                start = time.perf_counter()
+                for call in calls:
+                    call()
+                samples[name].append((time.perf_counter() - start) / len(calls))
+        return {name: statistics.median(s) for name, s in samples.items()}
+    graphs = {name: _capture(calls) for name, calls in sides.items()}
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    repeats = {}
+    for name, graph in graphs.items():
+        graph.replay()
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        repeats[name] = max(1, math.ceil(MIN_SAMPLE_S / max(start.elapsed_time(stop) / 1e3, 1e-7)))
+    samples = {name: [] for name in graphs}
+    for _ in range(iters):
+        for name, graph in graphs.items():
+            start.record()
+            for _ in range(repeats[name]):
+                graph.replay()
+            stop.record()
+            stop.synchronize()
+            samples[name].append(start.elapsed_time(stop) / 1e3 / repeats[name] / len(sides[name]))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+@attrs.frozen
+class Row:
+    case: str
+    tokens: int
+    ours_us: float | None
+    ours_roof: float | None
+    peer_us: float | None
+    peer_roof: float | None
+    peer_gemms_us: float | None
+    ratio: float | None  # peer / ours
+    ratio_gemms: float | None  # peer GEMMs alone / ours
+    alt_us: float | None  # the rule's alternative, where there is one
+    alt: str  # which: "gemm" (no GEMV path, no swap-AB) or "gemv" (the GEMV path for bf16)
+    diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
+    plan: str
+    peer_config: str
+
+
+def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log):
+    device = target.device
+    from peer_fused_moe import PeerFusedMoE  # benchmarks/ is on sys.path when run as a script
+
+    preset, ours_fmt, peer_fmt, overrides = CASES[name]
+    spec = presets.get(preset).spec(ours_fmt, **overrides)
+    weights = device_weights(spec, 7, device)
+    kernel = TritonMoEKernel(spec, target)
+    prepared = kernel.prepare_weights(weights)
+    # The rule's alternatives (the weights are prepared the same way for every variant).
+    grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False, grouped_n=False),
+               "gemv": TritonMoEKernel(spec, target, gemv=True)}
+    peer = None
+    peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
+    if peer_dir is not None:
+        peer_weights = weights if peer_fmt == ours_fmt else device_weights(peer_spec, 7, device)
+        peer = PeerFusedMoE.load(peer_dir, peer_spec, peer_weights)
+        print(f"# {name}: peer configs from {peer.config_source()}", file=log, flush=True)
+    rows = []
+    for tokens in tokens_list:
+        if time.monotonic() > deadline:
+            print(f"# {name} T={tokens}: skipped (time budget spent)", file=log, flush=True)
+            continue
+        try:
+            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, peer, peer_spec,
+                            ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
+            if row is None:
+                continue
+            rows.append(row)
+        except Exception as exc:  # one failing point is reported; the others still run
+            print(f"# {name} T={tokens}: failed: {type(exc).__name__}: {str(exc)[:400]}", file=log,
+                  flush=True)
+            continue
+        print(format_row(rows[-1]), file=log, flush=True)
+    del prepared, weights, peer
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer, peer_spec, same_weights,
+              ceil, fp8_rate, iters, device, log) -> Row:
+    sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
+    outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "alt", "peer")}
+
+    def calls_of(k, p, side):
+        return [(lambda s=s, o=o: k(s[0], s[1], s[2], p, out=o, check=False))
+                for s, o in zip(sets, outs[side], strict=True)]
+
+    sides = {"ours": calls_of(kernel, prepared, "ours")}
+    chosen = kernel.plan(tokens).config
+    alt = ""
+    if chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
+        alt = "gemm"  # the tensor-core GEMMs, each block's N tiles in turn
+    elif configs.uses_gemv(spec, chosen.tokens_bucket, False, 0, forced=True):
+        alt = "gemv"  # the GEMV path the rule passes over for this format
+    if alt:
+        sides["alt"] = calls_of(alternatives[alt], prepared, "alt")
+    peer_config = ""
+    if peer is not None:
+        calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, outs["peer"], strict=True)]
+        sides["peer"] = [c.run for c in calls]
+        sides["peer_gemms"] = [c.run_gemms for c in calls]
+        peer_config = json.dumps(calls[0].config, sort_keys=True) + (" naive" if calls[0].naive else "")
+    for side in list(sides):  # a side that fails to compile or run is reported; the others are timed
+        try:
+            for call in sides[side]:
+                call()
+            if device != "cpu":
+                torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"# {name} T={tokens} {side}: failed: {type(exc).__name__}: {str(exc)[:300]}", file=log,
+                  flush=True)
+            del sides[side]
+    if "peer_gemms" in sides and "peer" not in sides:
+        del sides["peer_gemms"]
+    if ceil is None:  # --warm-only: compiled and run once, nothing timed
+        return None
+    mine = "ours" if "ours" in sides else "alt"
+    diff = rel_err(outs[mine][0], outs["peer"][0]) if same_weights and "peer" in sides else None
+    times = time_sides(sides, iters, device)
+    flops = routes * spec.flops_per_token()
+
+    def roof(fmt_spec, seconds, touched=touched, flops=flops):
+        rate = fp8_rate if fmt_spec.weight_format == "fp8_block128" else ceil.bf16_tflops
+        floor = max(touched * fmt_spec.weight_bytes_per_expert() / (ceil.copy_gbps * 1e9),
+                    flops / (rate * 1e12))
+        return floor / seconds
+
+    ours = times.get("ours")
+    peer_t, gemms_t = times.get("peer"), times.get("peer_gemms")
+    us = (lambda t: None if t is None else t * 1e6)  # noqa: E731
+    ratio = (lambda a, b: None if a is None or b is None else a / b)  # noqa: E731
+    return Row(name, tokens, us(ours), None if ours is None else roof(spec, ours), us(peer_t),
+               None if peer_t is None else roof(peer_spec, peer_t), us(gemms_t), ratio(peer_t, ours),
+               ratio(gemms_t, ours), us(times.get("alt")), alt, diff, chosen.describe(), peer_config)
+
+
+def _opt(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+HEADER = ("| case | T | triton_moe us | roof | peer us | roof | peer GEMMs us | peer/ours | "
+          "GEMMs/ours | diff | alternative us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def format_row(r: Row) -> str:
+    return (f"| {r.case} | {r.tokens} | {_opt(r.ours_us, '.1f')} | {_opt(r.ours_roof, '.0%')} | "
+            f"{_opt(r.peer_us, '.1f')} | "
+            f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
+            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} {r.alt} |")
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", default=None, help="folder with vLLM's fused_moe_kernel.py and configs/")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help="from: " + ", ".join(CASES))
+    parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
+    parser.add_argument("--iters", type=int, default=9)
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="start no new point after this many seconds")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="compile and run every side once, time nothing (fills Triton's cache, so "
+                             "several processes can compile the cases in parallel before a timed run)")
+    args = parser.parse_args(argv)
+    cases = args.cases.split(",")
+    for case in cases:
+        if case not in CASES:
+            raise ValueError(f"--cases: {case!r} is not one of " + ", ".join(CASES))
+    tokens = [int(t) for t in args.tokens.split(",")]
+    deadline = time.monotonic() + args.budget_s
+    device = args.device
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU here")
+    import triton
+
+    target = Target(device, hal.probe(deep=device != "cpu"))
+    if args.warm_only:
+        for case in cases:
+            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout)
+        return 0
+    ceil = ceiling_probe.measure("cpu" if device == "cpu" else "cuda")
+    fp8_rate = fp8_matmul_tflops(device, ceil.bf16_tflops)
+    name = "cpu" if device == "cpu" else torch.cuda.get_device_name()
+    print(f"# {name}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"CUDA {torch.version.cuda}; {ceil.describe()}, fp8 matmul {fp8_rate:.0f} TFLOP/s; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    print(HEADER, flush=True)
+    rows = []
+    for case in cases:
+        if time.monotonic() > deadline:
+            print(f"# {case}: skipped (time budget spent)", flush=True)
+            continue
+        try:
+            rows += run_case(case, tokens, args.peer, target, ceil, fp8_rate, args.iters, deadline,
+                             sys.stdout)
+        except Exception as exc:  # one failing case is reported; the others still run
+            print(f"# {case}: failed: {type(exc).__name__}: {exc}", flush=True)
+    if args.peer:
+        for fmt in ("bf16", "fp8"):
+            picked = [r for r in rows if r.case.endswith(":" + fmt)]
+            print(f"# geomean peer/ours {fmt}: {geomean([r.ratio for r in picked]):.2f} "
+                  f"(peer GEMMs alone: {geomean([r.ratio_gemms for r in picked]):.2f}) "
+                  f"over {len(picked)} points")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=name, torch=torch.__version__,
+                           triton=triton.__version__, cuda=torch.version.cuda, ceilings=attrs.asdict(ceil),
+                           fp8_tflops=fp8_rate, rows=[attrs.asdict(r) for r in rows]), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
