@@ -38,21 +38,40 @@ STAGES = {"nvidia": 3, "amd": 2}
 ROW_SLACK = 2
 
 
+# rows per expert (upper bound, inclusive) served by the decode GEMMs (triton_decode): the weight
+# tile is the MMA's M side, the rows its N side (bf16 MMA of exact int4 and FP8 values), so 16 rows
+# fill an MMA where sm_90's FP8 wgmma needs 64. -> (BLOCK_M, BLOCK_N, num_warps, num_stages)
+DECODE_TILES = (
+    (16, (16, 64, 4, 4)),
+    (32, (32, 64, 4, 4)),
+)
+# path -> what runs
+PATHS = {
+    "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
+    "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",
+}
+
+
 @attrs.frozen
 class GemmTile:
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    path: str = "fp8"  # a key of PATHS
 
     def describe(self) -> str:
-        return (f"tile {self.block_m}x{self.block_n}x{GROUP_K}, {self.num_warps} warps, "
-                f"{self.num_stages} stages")
+        return (f"{self.path} path ({PATHS[self.path]}), tile {self.block_m} rows x {self.block_n} "
+                f"columns x {GROUP_K}, {self.num_warps} warps, {self.num_stages} stages")
 
 
 def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False) -> GemmTile:
     """The tile for experts expected to hold `rows_per_expert` rows on a GPU of `vendor` (None for
     the interpreter), with warpgroup MMA or not."""
+    for bound, (block_m, block_n, warps, stages) in DECODE_TILES:
+        if rows_per_expert <= bound:
+            return GemmTile(block_m, block_n, warps, min(stages, STAGES.get(vendor or "", stages)),
+                            "decode")
     stages = STAGES.get(vendor or "", STAGES["nvidia"])
     for bound, (block_m, block_n, warps) in TILES:
         if bound is None or rows_per_expert <= bound:

@@ -30,11 +30,18 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         self.variant = variant
         self.requant = self._select_requant() if variant == "requant" else None
 
+    def mma_dtype(self, tile: configs.GemmTile) -> torch.dtype:
+        """FP8 MMA on the fp8 path, bf16 on the decode path; fp32 in Triton's CPU interpreter,
+        which has neither (the operands carry the same FP8 and int4 values either way)."""
+        if self.device.type == "cpu":
+            return torch.float32
+        return torch.bfloat16 if tile.path == "decode" else self.fp8_dtype
+
     @property
-    def mma_dtype(self) -> torch.dtype:
-        """FP8 MMA on a GPU; fp32 in Triton's CPU interpreter, which has no FP8 MMA (the operands
-        carry the same FP8 values either way)."""
-        return torch.float32 if self.device.type == "cpu" else self.fp8_dtype
+    def magic_unpack(self) -> bool:
+        """The decode path's PTX unpack (NVIDIA); shifts and masks elsewhere."""
+        gpu = self.target.gpu
+        return bool(gpu and gpu.vendor == "nvidia")
 
     def _select_requant(self):
         import hal
@@ -67,8 +74,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
                              check=False)
             x_scale = None
         h = torch.empty((E, max_m, self.spec.intermediate_size), dtype=x.dtype, device=x.device)
-        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, self.mma_dtype)
-        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, self.mma_dtype)
+        dot, magic = self.mma_dtype(tile), self.magic_unpack
+        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, dot, magic)
+        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, dot, magic)
 
     def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
         """max_m defaults to the largest count in masked_m."""
@@ -83,5 +91,5 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return W4AFp8Plan(
             self.variant, tile, m_programs, blocks(self.spec.intermediate_size),
             blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
-            str(self.mma_dtype).replace("torch.", ""), live, rows,
+            str(self.mma_dtype(tile)).replace("torch.", ""), live, rows,
             self.requant.plan(max_m, expected_rows) if self.requant is not None else None)

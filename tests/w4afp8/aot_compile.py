@@ -15,15 +15,22 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from backends.w4afp8 import configs, triton_kernels
+from backends.w4afp8 import configs, triton_decode, triton_kernels
 
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
+
+
+# integer arguments that hold multiples of 16 in every real launch: Triton specializes them (and
+# every pointer) as such when it launches, so the AOT compile is told the same.
+MULTIPLES_OF_16 = ("max_m", "hidden", "inter", "weight_rows")
 
 
 def source(fn, types: dict, constexprs: dict) -> ASTSource:
     names = fn.arg_names
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
-    return ASTSource(fn=fn, signature=signature,
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if n not in constexprs and (types[n].startswith("*") or n in MULTIPLES_OF_16)}
+    return ASTSource(fn=fn, signature=signature, attrs=attrs,
                      constexprs={(names.index(k),): v for k, v in constexprs.items()})
 
 
@@ -32,7 +39,7 @@ def compile_all(target: str) -> list:
     hip = backend == "hip"
     gpu = GPUTarget("hip", arch, 64) if hip else GPUTarget("cuda", int(arch), 32)
     fp8, dot = ("fp8e4b8", tl.float8e4b8) if hip else ("fp8e4nv", tl.float8e4nv)
-    stages = configs.STAGES["amd" if hip else "nvidia"]
+    vendor = "amd" if hip else "nvidia"
     gemm1 = dict(x_ptr=f"*{fp8}", x_scale_ptr="*fp32", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16",
                  in_scale_ptr="*fp32", out_scale_ptr="*fp32", h_ptr=f"*{fp8}", max_m="i32", hidden="i32",
                  inter="i32", weight_rows="i32", scale_stride_e="i32", scale_stride_m="i32",
@@ -40,18 +47,27 @@ def compile_all(target: str) -> list:
     gemm2 = dict(h_ptr=f"*{fp8}", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16", in_scale_ptr="*fp32",
                  out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
     results = []
-    for rows in (8, 200):  # the decode tile and the prefill tile
-        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90")
-        common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K, DOT_DTYPE=dot)
-        cases = [("gemm1", triton_kernels.w4a8_gemm1_kernel, gemm1,
+    for rows in (8, 48, 200):  # a decode tile, the smallest and the largest fp8-path tile
+        tile = configs.gemm_tile(rows, vendor, wgmma=arch == "90")
+        common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
+        if tile.path == "decode":
+            module, halves = triton_decode, dict(q_ptr="*i16")
+            common.update(DOT_DTYPE=tl.bfloat16, MAGIC=not hip)
+        else:
+            module, halves = triton_kernels, {}
+            common.update(DOT_DTYPE=dot)
+        cases = [("gemm1", module.__dict__[f"w4a8_{'decode_' if tile.path == 'decode' else ''}gemm1_kernel"],
+                  {**gemm1, **halves},
                   dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
-                 ("gemm2", triton_kernels.w4a8_gemm2_kernel, gemm2, common)]
+                 ("gemm2", module.__dict__[f"w4a8_{'decode_' if tile.path == 'decode' else ''}gemm2_kernel"],
+                  {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
             kernel = triton.compile(source(fn, types, constexprs), target=gpu,
-                                    options=dict(num_warps=tile.num_warps, num_stages=stages))
+                                    options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
-            results.append(dict(kernel=name, block_m=tile.block_m, shared=kernel.metadata.shared,
-                                mma=sorted(set(MMA.findall(asm)))))
+            results.append(dict(kernel=name, path=tile.path, block_m=tile.block_m,
+                                shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
+                                magic_unpack=asm.count("0x43004300")))
     return results
 
 

@@ -101,9 +101,10 @@ def test_plans_say_which_feed_runs_and_why():
     text = plan.describe()
     assert plan.variant == "requant" and "default" in text and "requant op rewrites x" in text
     assert "requant tuned" in text
-    # sm_90: never below a warpgroup MMA's 64 rows, so the MMA stays FP8
-    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (64, 1, 32, 112)
-    assert plan.mma_dtype == "float8_e4m3fn" and plan.rows == 8 and plan.live_experts == 5
+    # a few rows: the decode path, 16 rows on the bf16 MMA's N side
+    assert plan.tile.path == "decode" and "decode path" in text
+    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (16, 1, 32, 112)
+    assert plan.mma_dtype == "bfloat16" and plan.rows == 8 and plan.live_experts == 5
     assert plan.programs == 1 * (32 + 112) * 8
     baseline = kernel.baselines()["fused"]
     assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant"}
@@ -111,12 +112,17 @@ def test_plans_say_which_feed_runs_and_why():
     assert "in registers" in fused_text and "baseline" in fused_text
     prefill = kernel.plan(expected_rows=256, max_m=512)
     assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (128, 8, 4)
+    assert prefill.tile.path == "fp8" and prefill.mma_dtype == "float8_e4m3fn"
+    # sm_90: the FP8 path never goes below a warpgroup MMA's 64 rows, so its MMA stays FP8
+    assert kernel.plan(expected_rows=24, max_m=128).tile.block_m == 64
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
     mi300x = backend.build(SPEC, profile_target("mi300x")).plan(masked_m, expected_rows=2)
-    assert mi300x.mma_dtype == "float8_e4m3fnuz" and mi300x.tile.num_stages == 2
-    assert mi300x.tile.block_m == 16  # MFMA has FP8 at M = 16
-    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).plan(masked_m, expected_rows=2)
-    assert l40s.tile.block_m == 16  # sm_89: FP8 mma.sync at M = 16
+    assert mi300x.mma_dtype == "bfloat16" and mi300x.tile.num_stages == 2
+    mi300x_prefill = backend.build(SPEC, profile_target("mi300x")).plan(expected_rows=24, max_m=128)
+    assert mi300x_prefill.mma_dtype == "float8_e4m3fnuz" and mi300x_prefill.tile.num_stages == 2
+    assert mi300x_prefill.tile.block_m == 64
+    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).plan(expected_rows=24, max_m=128)
+    assert l40s.tile.block_m == 64 and l40s.mma_dtype == "float8_e4m3fn"
 
 
 def test_bad_arguments_name_what_is_wrong():

@@ -1,6 +1,7 @@
 """The w4afp8 kernels compiled ahead of time for sm_90, sm_89 and gfx942 on any machine (Triton
-compiles without the GPU): they must lower to FP8 matrix instructions where the target has them
-and fit in shared memory with room for several programs per SM."""
+compiles without the GPU): the fp8 path must lower to FP8 matrix instructions, the decode path to
+bf16 ones (with the PTX unpack on NVIDIA only), and both fit in shared memory with room for
+several programs per SM."""
 
 from __future__ import annotations
 
@@ -33,19 +34,27 @@ def compiled(target: str) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_sm90_uses_fp8_wgmma_at_every_tile():
-    for case in compiled("cuda:90"):
+def test_sm90_uses_fp8_wgmma_on_the_fp8_path_and_bf16_with_the_ptx_unpack_in_decode():
+    cases = compiled("cuda:90")
+    assert {c["path"] for c in cases} == {"decode", "fp8"}
+    for case in cases:
         assert case["shared"] <= MAX_SHARED, case
-        assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
+        if case["path"] == "fp8":
+            assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
+        else:
+            assert any("bf16.bf16" in m for m in case["mma"]) and case["magic_unpack"] > 0, case
 
 
-def test_sm89_uses_fp8_mma_sync():
+def test_sm89_uses_fp8_mma_sync_on_the_fp8_path():
     for case in compiled("cuda:89"):
         assert case["shared"] <= MAX_SHARED, case
-        assert any("e4m3.e4m3" in m for m in case["mma"]), case
+        want = "e4m3.e4m3" if case["path"] == "fp8" else "bf16.bf16"
+        assert any(want in m for m in case["mma"]), case
 
 
-def test_gfx942_uses_fp8_mfma():
+def test_gfx942_uses_mfma_and_no_ptx():
     for case in compiled("hip:gfx942"):
         assert case["shared"] <= MAX_SHARED, case
-        assert any("mfma" in m and "fp8" in m for m in case["mma"]), case
+        want = "fp8" if case["path"] == "fp8" else "bf16"
+        assert any("mfma" in m and want in m for m in case["mma"]), case
+        assert case["magic_unpack"] == 0, case
