@@ -48,6 +48,7 @@ DECODE_TILES = (
 # path -> what runs
 PATHS = {
     "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
+    "transposed_fp8": "transposed FP8 MMA (weights on M, rows on N), int4 unpacked to FP8",
     "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",
 }
 
@@ -59,6 +60,11 @@ class GemmTile:
     num_warps: int
     num_stages: int
     path: str = "fp8"  # a key of PATHS
+
+    @property
+    def transposed(self) -> bool:
+        """Weights on the MMA's M side (triton_decode), rows on its N side."""
+        return self.path != "fp8"
 
     def describe(self) -> str:
         return (f"{self.path} path ({PATHS[self.path]}), tile {self.block_m} rows x {self.block_n} "

@@ -74,8 +74,8 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
           dot_dtype: torch.dtype, magic_unpack: bool = False) -> None:
     """h = fp8(act(x @ W13) / s2) on live rows. x_scale None: x is per-tensor FP8 with scale s13;
     else x is per-token-group FP8 and is requantized to that per-tensor FP8 in registers.
-    tile.path "decode" runs the transposed bf16-MMA GEMM (triton_decode), magic_unpack its PTX
-    unpack; "fp8" the FP8-MMA GEMM (triton_kernels)."""
+    A transposed tile runs triton_decode's GEMM (weights on the MMA's M side), with magic_unpack
+    its PTX unpack when the MMA is bf16; the "fp8" path runs triton_kernels' GEMM."""
     E, max_m, hidden = x.shape
     inter = spec.intermediate_size
     group_scaled = x_scale is not None
@@ -86,10 +86,10 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   ACTIVATION=triton_kernels.ACTIVATION_CODES[spec.activation], GROUP_SCALED=group_scaled,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
-    if tile.path == "decode":
+    if tile.transposed:
         triton_decode.w4a8_decode_gemm1_kernel[triton_decode.grid(m_programs, inter, tile.block_n, E)](
             *args, data.q13.view(torch.int16), data.s13, data.w13_input_scale, data.w2_input_scale, h,
-            *scalars, MAGIC=magic_unpack, **common)
+            *scalars, MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
     else:
         triton_kernels.w4a8_gemm1_kernel[triton_kernels.grid(m_programs, inter, tile.block_n, E)](
             *args, data.q13, data.s13, data.w13_input_scale, data.w2_input_scale, h, *scalars, **common)
@@ -103,10 +103,10 @@ def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: Prepared
     hidden = spec.hidden_size
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
-    if tile.path == "decode":
+    if tile.transposed:
         triton_decode.w4a8_decode_gemm2_kernel[triton_decode.grid(m_programs, hidden, tile.block_n, E)](
             h, masked_m, data.q2.view(torch.int16), data.s2, data.w2_input_scale, out, max_m, inter,
-            hidden, MAGIC=magic_unpack, **common)
+            hidden, MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
     else:
         triton_kernels.w4a8_gemm2_kernel[triton_kernels.grid(m_programs, hidden, tile.block_n, E)](
             h, masked_m, data.q2, data.s2, data.w2_input_scale, out, max_m, inter, hidden, **common)

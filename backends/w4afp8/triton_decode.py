@@ -90,7 +90,9 @@ def _activation_t(a_ptr, a_scale_ptr, expert, offs_m, live_m, k0, max_m, K, scal
         scale = tl.load(a_scale_ptr + scale_row + (k0 // GROUP_K) * scale_stride_g, mask=live_m,
                         other=0.0)
         a = _requant(a.to(tl.float32) * scale[None, :], inv_in_scale, fp8_max, a_ptr.dtype.element_ty)
-    return a.to(tl.float32).to(DOT_DTYPE)
+    if a_ptr.dtype.element_ty != DOT_DTYPE:
+        a = a.to(tl.float32).to(DOT_DTYPE)
+    return a
 
 
 @triton.jit
