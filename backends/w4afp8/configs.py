@@ -45,6 +45,12 @@ DECODE_TILES = (
     (16, (16, 64, 4, 4)),
     (32, (32, 64, 4, 4)),
 )
+# Split K of the transposed GEMMs: a decode grid (experts x n-blocks) too small to fill the GPU
+# gets K split over more programs, up to this many resident on each SM (4-warp programs holding
+# 41-51 KB of shared memory), each split keeping at least MIN_GROUPS_PER_SPLIT groups of 128.
+RESIDENT_PROGRAMS_PER_SM = 4
+MAX_SPLIT_K = 8
+MIN_GROUPS_PER_SPLIT = 4
 # path -> what runs
 PATHS = {
     "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
@@ -97,3 +103,15 @@ def m_grid(max_m: int, expected_rows: Optional[int], block_m: int) -> int:
     """Programs per expert along rows. Program p takes the m-blocks p, p + m_grid, ... that lie
     below masked_m[e]; one whose first block is already past masked_m exits at once."""
     return max(1, -(-rows_hint(max_m, expected_rows) // block_m))
+
+
+def split_k(programs: int, k_groups: int, sm_count: Optional[int]) -> int:
+    """K splits (a power of two) for a transposed GEMM of `programs` programs (experts x n-blocks x
+    m-programs) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is unknown."""
+    if not sm_count:
+        return 1
+    split = 1
+    while (split < MAX_SPLIT_K and programs * split * 2 <= RESIDENT_PROGRAMS_PER_SM * sm_count
+           and k_groups // (split * 2) >= MIN_GROUPS_PER_SPLIT):
+        split *= 2
+    return split

@@ -75,8 +75,20 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
             x_scale = None
         h = torch.empty((E, max_m, self.spec.intermediate_size), dtype=x.dtype, device=x.device)
         dot, magic = self.mma_dtype(tile), self.magic_unpack
-        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, dot, magic)
-        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, dot, magic)
+        split1, split2 = self._splits(tile, m_programs)
+        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, dot, magic, split1)
+        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, dot, magic, split2)
+
+    def _splits(self, tile: configs.GemmTile, m_programs: int) -> tuple:
+        """K splits of (GEMM 1, GEMM 2): transposed tiles only, from the grid and the SM count."""
+        if not tile.transposed:
+            return 1, 1
+        gpu = self.target.gpu
+        sms = gpu.sm_count if gpu is not None else None
+        E, H, inter = self.spec.local_experts, self.spec.hidden_size, self.spec.intermediate_size
+        programs = lambda n: E * m_programs * -(-n // tile.block_n)
+        return (configs.split_k(programs(inter), H // configs.GROUP_K, sms),
+                configs.split_k(programs(H), inter // configs.GROUP_K, sms))
 
     def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
         """max_m defaults to the largest count in masked_m."""
@@ -91,5 +103,5 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return W4AFp8Plan(
             self.variant, tile, m_programs, blocks(self.spec.intermediate_size),
             blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
-            str(self.mma_dtype(tile)).replace("torch.", ""), live, rows,
+            str(self.mma_dtype(tile)).replace("torch.", ""), self._splits(tile, m_programs), live, rows,
             self.requant.plan(max_m, expected_rows) if self.requant is not None else None)

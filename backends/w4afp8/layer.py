@@ -69,13 +69,27 @@ def prepare(spec: MoESpec, weights, device: torch.device) -> PreparedW4AFp8:
         w2_input_scale=_input_scale(weights.w2_input_scale, "w2_input_scale", device))
 
 
+def _split_workspace(experts: int, m_programs: int, n: int, tile: configs.GemmTile, accumulators: int,
+                     split_k: int, device) -> tuple:
+    """(fp32 workspace, int32 counters) of a split-K launch, zeroed in one allocation; empty
+    tensors without a split."""
+    if split_k == 1:
+        empty = torch.empty(0, dtype=torch.float32, device=device)
+        return empty, empty.view(torch.int32)
+    tiles = triton_decode.workspace_slots(experts, m_programs, n, tile.block_n, 1)
+    sums = tiles * accumulators * tile.block_n * tile.block_m
+    buffer = torch.zeros(sums + tiles, dtype=torch.float32, device=device)
+    return buffer[:sums], buffer[sums:].view(torch.int32)
+
+
 def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], masked_m: torch.Tensor,
           data: PreparedW4AFp8, h: torch.Tensor, tile: configs.GemmTile, m_programs: int,
-          dot_dtype: torch.dtype, magic_unpack: bool = False) -> None:
+          dot_dtype: torch.dtype, magic_unpack: bool = False, split_k: int = 1) -> None:
     """h = fp8(act(x @ W13) / s2) on live rows. x_scale None: x is per-tensor FP8 with scale s13;
     else x is per-token-group FP8 and is requantized to that per-tensor FP8 in registers.
     A transposed tile runs triton_decode's GEMM (weights on the MMA's M side), with magic_unpack
-    its PTX unpack when the MMA is bf16; the "fp8" path runs triton_kernels' GEMM."""
+    its PTX unpack when the MMA is bf16 and K split over split_k programs; the "fp8" path runs
+    triton_kernels' GEMM (split_k 1)."""
     E, max_m, hidden = x.shape
     inter = spec.intermediate_size
     group_scaled = x_scale is not None
@@ -87,9 +101,12 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
                   ACTIVATION=triton_kernels.ACTIVATION_CODES[spec.activation], GROUP_SCALED=group_scaled,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
     if tile.transposed:
-        triton_decode.w4a8_decode_gemm1_kernel[triton_decode.grid(m_programs, inter, tile.block_n, E)](
+        ws, counters = _split_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
+        triton_decode.w4a8_decode_gemm1_kernel[
+            triton_decode.grid(m_programs, inter, tile.block_n, E, split_k)](
             *args, data.q13.view(torch.int16), data.s13, data.w13_input_scale, data.w2_input_scale, h,
-            *scalars, MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
+            ws, counters, m_programs, *scalars, SPLIT_K=split_k,
+            MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
     else:
         triton_kernels.w4a8_gemm1_kernel[triton_kernels.grid(m_programs, inter, tile.block_n, E)](
             *args, data.q13, data.s13, data.w13_input_scale, data.w2_input_scale, h, *scalars, **common)
@@ -97,16 +114,19 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
 
 def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: PreparedW4AFp8,
           out: torch.Tensor, tile: configs.GemmTile, m_programs: int, dot_dtype: torch.dtype,
-          magic_unpack: bool = False) -> None:
-    """out = bf16((h @ W2) * s2) on live rows."""
+          magic_unpack: bool = False, split_k: int = 1) -> None:
+    """out = bf16((h @ W2) * s2) on live rows; split_k > 1 (transposed tiles only) splits K."""
     E, max_m, inter = h.shape
     hidden = spec.hidden_size
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
     if tile.transposed:
-        triton_decode.w4a8_decode_gemm2_kernel[triton_decode.grid(m_programs, hidden, tile.block_n, E)](
-            h, masked_m, data.q2.view(torch.int16), data.s2, data.w2_input_scale, out, max_m, inter,
-            hidden, MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
+        ws, counters = _split_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
+        triton_decode.w4a8_decode_gemm2_kernel[
+            triton_decode.grid(m_programs, hidden, tile.block_n, E, split_k)](
+            h, masked_m, data.q2.view(torch.int16), data.s2, data.w2_input_scale, out, ws, counters,
+            m_programs, max_m, inter, hidden, SPLIT_K=split_k,
+            MAGIC=magic_unpack and dot_dtype == torch.bfloat16, **common)
     else:
         triton_kernels.w4a8_gemm2_kernel[triton_kernels.grid(m_programs, hidden, tile.block_n, E)](
             h, masked_m, data.q2, data.s2, data.w2_input_scale, out, max_m, inter, hidden, **common)

@@ -34,14 +34,16 @@ class W4AFp8Plan:
     num_experts: int
     max_m: int
     expected_rows: Optional[int]
-    mma_dtype: str  # the MMA operand dtype: the target's FP8, fp32 under the Triton interpreter
+    mma_dtype: str  # the MMA operand dtype: FP8 or bf16 by path, fp32 under the Triton interpreter
+    split_k: tuple  # K splits of (GEMM 1, GEMM 2)
     live_experts: Optional[int]
     rows: Optional[int]
     requant: Optional[object]  # the requant op's own plan, for the requant feed
 
     @property
     def programs(self) -> int:
-        return self.m_programs * (self.gemm1_n_blocks + self.gemm2_n_blocks) * self.num_experts
+        blocks = self.gemm1_n_blocks * self.split_k[0] + self.gemm2_n_blocks * self.split_k[1]
+        return self.m_programs * blocks * self.num_experts
 
     def describe(self) -> str:
         live = "" if self.rows is None else f"{self.rows} rows on {self.live_experts} live experts; "
@@ -50,5 +52,6 @@ class W4AFp8Plan:
                 f"{live}int4 g128 x {self.mma_dtype} MMA, fp32 accumulation scaled per K group of 128; "
                 f"{self.tile.describe()}, sized for expected rows {self.expected_rows} of max_m "
                 f"{self.max_m}; grids {self.m_programs} x {self.gemm1_n_blocks} x {self.num_experts} "
-                f"(GEMM 1 + activation + FP8 requant) and {self.m_programs} x {self.gemm2_n_blocks} x "
-                f"{self.num_experts} (GEMM 2, bf16); m-programs past masked_m exit at once{requant}")
+                f"x {self.split_k[0]} K splits (GEMM 1 + activation + FP8 requant) and {self.m_programs} "
+                f"x {self.gemm2_n_blocks} x {self.num_experts} x {self.split_k[1]} K splits (GEMM 2, "
+                f"bf16); m-programs past masked_m exit at once{requant}")

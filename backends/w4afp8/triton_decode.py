@@ -96,15 +96,50 @@ def _activation_t(a_ptr, a_scale_ptr, expert, offs_m, live_m, k0, max_m, K, scal
 
 
 @triton.jit
+def _tile_offsets(slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_N, BLOCK_M] offsets of workspace slot `slot` (one fp32 accumulator tile)."""
+    local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    return slot.to(tl.int64) * (BLOCK_N * BLOCK_M) + local
+
+
+@triton.jit
+def _publish(ws_ptr, slot, acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Add this K split's fp32 partial sums into the tile's workspace slot."""
+    tl.atomic_add(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), acc, sem="relaxed")
+
+
+@triton.jit
+def _arrive(counter_ptr, tile, parts):
+    """Count this K split in; True for the last of `parts` to arrive, which then owns the sums."""
+    tl.debug_barrier()  # every thread's partial sums are issued before the count is
+    return tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == parts - 1
+
+
+@triton.jit
+def _collect(ws_ptr, slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The summed tile, read from L2 where the atomics landed."""
+    return tl.load(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), cache_modifier=".cg")
+
+
+@triton.jit
 def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr,
-                             out_scale_ptr, h_ptr, max_m, hidden, inter, weight_rows, scale_stride_e,
-                             scale_stride_m, scale_stride_g, fp8_max, swiglu_alpha, swiglu_limit,
+                             out_scale_ptr, h_ptr, ws_ptr, counter_ptr, split_blocks, max_m, hidden,
+                             inter, weight_rows, scale_stride_e, scale_stride_m, scale_stride_g,
+                             fp8_max, swiglu_alpha, swiglu_limit,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr,
-                             ACTIVATION: tl.constexpr, GROUP_SCALED: tl.constexpr,
-                             MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                             SPLIT_K: tl.constexpr, ACTIVATION: tl.constexpr,
+                             GROUP_SCALED: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """h[e, r, n] = fp8(clamp(act(x[e, r] @ W13_e)[n] * (1 / s2))) for r < masked_m[e], n < inter.
-    grid = (inter / BLOCK_N, m-programs, experts)."""
-    n_block = tl.program_id(0)
+    grid = (inter / BLOCK_N * SPLIT_K, m-programs, experts).
+
+    SPLIT_K > 1 splits K over that many programs for the m-blocks below split_blocks (each
+    m-program's first): each adds its fp32 partials into a zeroed workspace slot (2 per tile: gate,
+    up) and counts itself in; the last to arrive applies the epilogue to the sums. Later m-blocks
+    (a hot expert's) are walked by split 0 alone over all of K."""
+    n_block = tl.program_id(0) // SPLIT_K
+    split = tl.program_id(0) % SPLIT_K
+    n_blocks = tl.num_programs(0) // SPLIT_K
+    groups = hidden // GROUP_K
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
@@ -118,31 +153,49 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for group in range(0, hidden // GROUP_K):
-            a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
-                                hidden, scale_stride_e, scale_stride_m, scale_stride_g, inv_in_scale,
-                                fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
-            gate += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
-                                   weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
-            if ACTIVATION != 2:  # gated: the up columns are [inter, 2 inter)
-                up += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter, live_n,
-                                     weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
-        act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
-        h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
-        out_rows = expert.to(tl.int64) * max_m + offs_m
-        tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h,
-                 mask=live_m[None, :] & live_n[:, None])
+        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        if split < parts:
+            gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
+                a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K,
+                                    max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g,
+                                    inv_in_scale, fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
+                gate += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                       weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+                if ACTIVATION != 2:  # gated: the up columns are [inter, 2 inter)
+                    up += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter,
+                                         live_n, weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+            last = parts == 1
+            if SPLIT_K > 1:
+                if parts > 1:
+                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    _publish(ws_ptr, 2 * tile, gate, BLOCK_N, BLOCK_M)
+                    _publish(ws_ptr, 2 * tile + 1, up, BLOCK_N, BLOCK_M)
+                    last = _arrive(counter_ptr, tile, parts)
+                    if last:
+                        gate = _collect(ws_ptr, 2 * tile, BLOCK_N, BLOCK_M)
+                        up = _collect(ws_ptr, 2 * tile + 1, BLOCK_N, BLOCK_M)
+            if last:
+                act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
+                h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
+                out_rows = expert.to(tl.int64) * max_m + offs_m
+                tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h,
+                         mask=live_m[None, :] & live_n[:, None])
 
 
 @triton.jit
-def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, out_ptr, max_m, inter,
-                             hidden, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             GROUP_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, out_ptr, ws_ptr,
+                             counter_ptr, split_blocks, max_m, inter, hidden, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                             MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """out[e, r, n] = bf16((h[e, r] @ W2_e)[n] * s2) for r < masked_m[e].
-    grid = (hidden / BLOCK_N, m-programs, experts)."""
-    n_block = tl.program_id(0)
+    grid = (hidden / BLOCK_N * SPLIT_K, m-programs, experts); SPLIT_K as in GEMM 1, one
+    workspace slot per tile."""
+    n_block = tl.program_id(0) // SPLIT_K
+    split = tl.program_id(0) % SPLIT_K
+    n_blocks = tl.num_programs(0) // SPLIT_K
+    groups = inter // GROUP_K
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
@@ -154,16 +207,33 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for group in range(0, inter // GROUP_K):
-            a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m, inter,
-                                0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
-            acc += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n, hidden,
-                                  GROUP_K, MAGIC, DOT_DTYPE)
-        out_rows = expert.to(tl.int64) * max_m + offs_m
-        tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None],
-                 (acc * in_scale).to(tl.bfloat16), mask=live_m[None, :] & live_n[:, None])
+        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        if split < parts:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
+                a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
+                                    inter, 0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
+                acc += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                      hidden, GROUP_K, MAGIC, DOT_DTYPE)
+            last = parts == 1
+            if SPLIT_K > 1:
+                if parts > 1:
+                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    _publish(ws_ptr, tile, acc, BLOCK_N, BLOCK_M)
+                    last = _arrive(counter_ptr, tile, parts)
+                    if last:
+                        acc = _collect(ws_ptr, tile, BLOCK_N, BLOCK_M)
+            if last:
+                out_rows = expert.to(tl.int64) * max_m + offs_m
+                tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None],
+                         (acc * in_scale).to(tl.bfloat16), mask=live_m[None, :] & live_n[:, None])
 
 
-def grid(m_programs: int, n: int, block_n: int, experts: int) -> tuple:
-    return (triton.cdiv(n, block_n), m_programs, experts)
+def grid(m_programs: int, n: int, block_n: int, experts: int, split_k: int = 1) -> tuple:
+    return (triton.cdiv(n, block_n) * split_k, m_programs, experts)
+
+
+def workspace_slots(experts: int, m_programs: int, n: int, block_n: int, accumulators: int) -> int:
+    """Workspace tiles of a split-K launch: one per (expert, first-round m-block, n-block) and
+    accumulator; the counters are one per tile without the accumulator factor."""
+    return experts * m_programs * triton.cdiv(n, block_n) * accumulators

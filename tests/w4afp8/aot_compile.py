@@ -51,8 +51,10 @@ def compile_all(target: str) -> list:
         tile = configs.gemm_tile(rows, vendor, wgmma=arch == "90")
         common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
         if tile.path == "decode":
-            module, halves = triton_decode, dict(q_ptr="*i16")
-            common.update(DOT_DTYPE=tl.bfloat16, MAGIC=not hip)
+            # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8 experts)
+            module = triton_decode
+            halves = dict(q_ptr="*i16", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
+            common.update(DOT_DTYPE=tl.bfloat16, MAGIC=not hip, SPLIT_K=2)
         else:
             module, halves = triton_kernels, {}
             common.update(DOT_DTYPE=dot)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -105,14 +106,19 @@ def test_plans_say_which_feed_runs_and_why():
     assert plan.tile.path == "decode" and "decode path" in text
     assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (16, 1, 32, 112)
     assert plan.mma_dtype == "bfloat16" and plan.rows == 8 and plan.live_experts == 5
-    assert plan.programs == 1 * (32 + 112) * 8
+    # 8 experts x 32 n-blocks fill half of 4 programs on each of 132 SMs: GEMM 1 splits K in two
+    assert plan.split_k == (2, 1) and "2 K splits" in text
+    assert plan.programs == 1 * (32 * 2 + 112) * 8
+    assert kernel.plan(masked_m, expected_rows=2, max_m=128).split_k == (2, 1)
+    assert backend.build(attrs.evolve(SPEC, num_local_experts=32), target).plan(
+        expected_rows=2, max_m=128).split_k == (1, 1)
     baseline = kernel.baselines()["fused"]
     assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant"}
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
     assert "in registers" in fused_text and "baseline" in fused_text
     prefill = kernel.plan(expected_rows=256, max_m=512)
     assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (128, 8, 4)
-    assert prefill.tile.path == "fp8" and prefill.mma_dtype == "float8_e4m3fn"
+    assert prefill.tile.path == "fp8" and prefill.mma_dtype == "float8_e4m3fn" and prefill.split_k == (1, 1)
     # sm_90: the FP8 path never goes below a warpgroup MMA's 64 rows, so its MMA stays FP8
     assert kernel.plan(expected_rows=24, max_m=128).tile.block_m == 64
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
@@ -138,8 +144,6 @@ def test_bad_arguments_name_what_is_wrong():
     weights = random_weights(spec, seed=1)
     for name in ("w13_input_scale", "w2_input_scale"):
         for value in (0.0, float("inf")):
-            import attrs
-
             bad = attrs.evolve(weights, **{name: torch.tensor(value)})
             with pytest.raises(ValueError, match=name):
                 kernel.prepare_weights(bad)

@@ -53,8 +53,8 @@ def spec_of(experts, activation="silu", **shape):
 def kernels(spec, target):
     from backends.w4afp8 import backend
 
-    fused = backend.build(spec, target)
-    return {"fused": fused, "requant": fused.baselines()["requant"]}
+    default = backend.build(spec, target)
+    return {default.variant: default, **default.baselines()}
 
 
 def weights_of(spec, device, seed):
