@@ -23,11 +23,14 @@ VARIANTS = ("requant", "fused")
 class W4AFp8MaskedKernel(MaskedMoEKernel):
     backend = NAME
 
-    def __init__(self, spec, target, variant: str = "requant"):
+    def __init__(self, spec, target, variant: str = "requant", rule: str = "transposed"):
         super().__init__(spec, target)
         if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r} is not allowed: expected one of {VARIANTS}")
+        if rule not in configs.RULES:
+            raise ValueError(f"rule={rule!r} is not allowed: expected one of {configs.RULES}")
         self.variant = variant
+        self.rule = rule
         self.requant = self._select_requant() if variant == "requant" else None
 
     def mma_dtype(self, tile: configs.GemmTile) -> torch.dtype:
@@ -50,16 +53,22 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return hal.select_requant_kernel(spec, self.target.device, caps=self.target.caps)
 
     def baselines(self) -> dict:
+        """The other feed, and (for the default tile rule) the previous rows-on-M FP8 tiles."""
         other = VARIANTS[1 - VARIANTS.index(self.variant)]
-        return {other: W4AFp8MaskedKernel(self.spec, self.target, other)}
+        out = {other: W4AFp8MaskedKernel(self.spec, self.target, other, self.rule)}
+        if self.rule == "transposed":
+            out["rows_on_m"] = W4AFp8MaskedKernel(self.spec, self.target, self.variant, "rows_on_m")
+        return out
 
     def _prepare(self, weights):
         return layer.prepare(self.spec, weights, self.device)
 
     def _launch(self, max_m: int, expected_rows: Optional[int]):
         gpu = self.target.gpu
+        gemm1_programs = self.spec.local_experts * -(-self.spec.intermediate_size // 64)
         tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), gpu and gpu.vendor,
-                                 bool(gpu and gpu.features.wgmma))
+                                 bool(gpu and gpu.features.wgmma), self.rule, gemm1_programs,
+                                 gpu.sm_count if gpu is not None else None)
         return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
@@ -101,7 +110,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         tile, m_programs = self._launch(max_m, expected_rows)
         blocks = lambda n: -(-n // tile.block_n)
         return W4AFp8Plan(
-            self.variant, tile, m_programs, blocks(self.spec.intermediate_size),
+            self.variant, self.rule, tile, m_programs, blocks(self.spec.intermediate_size),
             blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
             str(self.mma_dtype(tile)).replace("torch.", ""), self._splits(tile, m_programs), live, rows,
             self.requant.plan(max_m, expected_rows) if self.requant is not None else None)

@@ -23,10 +23,20 @@ WHY = {
              "[E, max_m, H] FP8 write and read fewer, but a slower GEMM 1 main loop",
 }
 
+# tile rule -> why it runs (configs.TILE_RULE and TILES carry the figures)
+RULE_WHY = {
+    "transposed": "tile rule 'transposed' (default): weights on the MMA's M side and the rows on "
+                  "its N side, bf16 MMA with the lop3 unpack up to 64 rows and FP8 MMA beyond, as "
+                  "measured on an H200",
+    "rows_on_m": "tile rule 'rows_on_m' (baseline, the previous tiles): rows on the FP8 MMA's M "
+                 "side, never below 64 rows on GPUs with warpgroup MMA",
+}
+
 
 @attrs.frozen
 class W4AFp8Plan:
     variant: str  # "fused" | "requant"
+    rule: str  # a key of RULE_WHY
     tile: GemmTile
     m_programs: int  # programs per expert along rows
     gemm1_n_blocks: int
@@ -50,7 +60,8 @@ class W4AFp8Plan:
         requant = "" if self.requant is None else f"; requant: {self.requant.describe()}"
         return (f"w4afp8 masked MoE, feed {self.variant}: {FEEDS[self.variant]} ({WHY[self.variant]}); "
                 f"{live}int4 g128 x {self.mma_dtype} MMA, fp32 accumulation scaled per K group of 128; "
-                f"{self.tile.describe()}, sized for expected rows {self.expected_rows} of max_m "
+                f"{RULE_WHY[self.rule]}: {self.tile.describe()}, sized for expected rows "
+                f"{self.expected_rows} of max_m "
                 f"{self.max_m}; grids {self.m_programs} x {self.gemm1_n_blocks} x {self.num_experts} "
                 f"x {self.split_k[0]} K splits (GEMM 1 + activation + FP8 requant) and {self.m_programs} "
                 f"x {self.gemm2_n_blocks} x {self.num_experts} x {self.split_k[1]} K splits (GEMM 2, "

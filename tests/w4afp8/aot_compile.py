@@ -39,7 +39,6 @@ def compile_all(target: str) -> list:
     hip = backend == "hip"
     gpu = GPUTarget("hip", arch, 64) if hip else GPUTarget("cuda", int(arch), 32)
     fp8, dot = ("fp8e4b8", tl.float8e4b8) if hip else ("fp8e4nv", tl.float8e4nv)
-    vendor = "amd" if hip else "nvidia"
     gemm1 = dict(x_ptr=f"*{fp8}", x_scale_ptr="*fp32", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16",
                  in_scale_ptr="*fp32", out_scale_ptr="*fp32", h_ptr=f"*{fp8}", max_m="i32", hidden="i32",
                  inter="i32", weight_rows="i32", scale_stride_e="i32", scale_stride_m="i32",
@@ -47,27 +46,28 @@ def compile_all(target: str) -> list:
     gemm2 = dict(h_ptr=f"*{fp8}", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16", in_scale_ptr="*fp32",
                  out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
     results = []
-    for rows in (8, 48, 200):  # a decode tile, the smallest and the largest fp8-path tile
-        tile = configs.gemm_tile(rows, vendor, wgmma=arch == "90")
+    # the default rule's decode, bf16 and FP8 tiles, and the rows-on-M baseline's smallest and largest
+    for rule, rows in (("transposed", 8), ("transposed", 48), ("transposed", 200), ("rows_on_m", 8),
+                       ("rows_on_m", 200)):
+        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90", rule=rule)
         common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
-        if tile.path == "decode":
+        if tile.transposed:
             # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8 experts)
-            module = triton_decode
+            module, prefix = triton_decode, "w4a8_decode_"
             halves = dict(q_ptr="*i16", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
-            common.update(DOT_DTYPE=tl.bfloat16, MAGIC=not hip, SPLIT_K=2)
+            bf16 = tile.path == "decode"
+            common.update(DOT_DTYPE=tl.bfloat16 if bf16 else dot, MAGIC=bf16 and not hip, SPLIT_K=2)
         else:
-            module, halves = triton_kernels, {}
+            module, prefix, halves = triton_kernels, "w4a8_", {}
             common.update(DOT_DTYPE=dot)
-        cases = [("gemm1", module.__dict__[f"w4a8_{'decode_' if tile.path == 'decode' else ''}gemm1_kernel"],
-                  {**gemm1, **halves},
+        cases = [("gemm1", getattr(module, f"{prefix}gemm1_kernel"), {**gemm1, **halves},
                   dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
-                 ("gemm2", module.__dict__[f"w4a8_{'decode_' if tile.path == 'decode' else ''}gemm2_kernel"],
-                  {**gemm2, **halves}, common)]
+                 ("gemm2", getattr(module, f"{prefix}gemm2_kernel"), {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
             kernel = triton.compile(source(fn, types, constexprs), target=gpu,
                                     options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
-            results.append(dict(kernel=name, path=tile.path, block_m=tile.block_m,
+            results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,
                                 shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
                                 magic_unpack=asm.count("0x43004300")))
     return results
