@@ -2,8 +2,10 @@
 (H 7168, I 2048; 8-32 local experts; 1-8 decode and 64-512 prefill rows per expert).
 
 Times, on the same inputs:
-    w4afp8:fused     the w4afp8 backend, GEMM 1 fed the per-token-group FP8 directly (its default)
-    w4afp8:requant   the same GEMMs fed by the requant op (per-tensor FP8 first)
+    w4afp8:requant   the w4afp8 backend as selected: the requant op writes per-tensor FP8, then the
+                     GEMMs run with the measured tile rule (weights on the MMA's M side)
+    w4afp8:fused     the same GEMMs fed the per-token-group FP8 directly (--no-fused skips it)
+    w4afp8:rows_on_m the previous tiles: rows on the FP8 MMA's M side (--no-rows-on-m skips it)
     requant          the requant backend's masked MoE (Triton requant, GEMMs on backends.reference)
     reference        backends.reference (--no-reference skips it)
     marlin           with --marlin: the marlin backend's W4A16 layer (bf16 activations) on the same
@@ -16,7 +18,7 @@ measured in the same run. Timing replays a CUDA graph over rotated input sets an
 the prepared weights, so no call finds the previous call's weights or activations in L2.
 
     python benchmarks/w4afp8_masked.py [--experts 8 16 32] [--rows 1 2 4 8 64 128 256 512] [--marlin]
-                                       [--no-fused] [--no-fallback] [--json]"""
+                                       [--no-fused] [--no-rows-on-m] [--no-fallback] [--json]"""
 
 from __future__ import annotations
 
@@ -66,13 +68,14 @@ def fp8_tflops(fp8_dtype) -> Optional[float]:
 
 
 def kernels(spec, device, caps, include: set):
-    """[(label, kernel)]: the w4afp8 requant feed (its default), its fused feed, and the backends
-    it replaces, those named in `include`."""
+    """[(label, kernel)]: the w4afp8 default (requant feed, transposed tiles), its baselines (the
+    fused feed, the previous rows-on-M tiles) and the backends it replaces, those named in
+    `include`."""
     import hal
 
     default = hal.select_moe_kernel(spec, device, caps=caps, prefer="w4afp8")
     out = [(f"w4afp8:{default.variant}", default)]
-    out += [(f"w4afp8:{name}", k) for name, k in default.baselines().items() if "fused" in include]
+    out += [(f"w4afp8:{name}", k) for name, k in default.baselines().items() if name in include]
     for name in ("requant", "reference"):
         if name in include:
             out.append((name, hal.select_moe_kernel(spec, device, caps=caps, prefer=name)))
@@ -174,7 +177,7 @@ def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate
 def table(results) -> str:
     head = (f"{'E':>3} {'rows':>5} {'variant':<16} {'median us':>10} {'weight GB/s':>12} "
             f"{'roofline':>9} {'FP8 TFLOP/s':>12} {'vs requant feed':>16} {'vs requant':>11} "
-            f"{'vs marlin':>10}")
+            f"{'vs rows_on_m':>12} {'vs marlin':>10}")
     lines = [head, "-" * len(head)]
     by_key = {(r["experts"], r["rows_per_expert"], r["variant"]): r for r in results}
     for r in results:
@@ -182,10 +185,12 @@ def table(results) -> str:
         feed = by_key.get((*key, "w4afp8:requant"))
         fallback = by_key.get((*key, "requant"))
         marlin = by_key.get((*key, "marlin"))
+        previous = by_key.get((*key, "w4afp8:rows_on_m"))
         ratio = lambda other, r=r: f"{other['median_us'] / r['median_us']:.2f}x" if other else "-"
         lines.append(f"{r['experts']:>3} {r['rows_per_expert']:>5} {r['variant']:<16} "
                      f"{r['median_us']:>10.1f} {r['weight_gbps']:>12.0f} {r['weight_roofline']:>9.1%} "
-                     f"{r['fp8_tflops']:>12.1f} {ratio(feed):>16} {ratio(fallback):>11} {ratio(marlin):>10}")
+                     f"{r['fp8_tflops']:>12.1f} {ratio(feed):>16} {ratio(fallback):>11} "
+                     f"{ratio(previous):>12} {ratio(marlin):>10}")
     return "\n".join(lines)
 
 
@@ -197,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip backends.reference")
     parser.add_argument("--no-fallback", action="store_true", help="skip the requant backend's layer")
     parser.add_argument("--no-fused", action="store_true", help="skip the w4afp8 fused feed")
+    parser.add_argument("--no-rows-on-m", action="store_true",
+                        help="skip the w4afp8 previous tiles (rows on the FP8 MMA's M side)")
     parser.add_argument("--marlin", action="store_true",
                         help="also time the marlin W4A16 layer on the same weights")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -221,7 +228,8 @@ def main(argv=None) -> int:
     fp8_rate = fp8_tflops(fp8)
     results = []
     include = {name for name, skip in (("reference", args.no_reference), ("requant", args.no_fallback),
-                                       ("fused", args.no_fused), ("marlin", not args.marlin)) if not skip}
+                                       ("fused", args.no_fused), ("rows_on_m", args.no_rows_on_m),
+                                       ("marlin", not args.marlin)) if not skip}
     for experts in args.experts:
         results += bench_experts(experts, args.rows, device, caps, ceilings, fp8_rate, include)
     gpu = torch.cuda.get_device_name()
