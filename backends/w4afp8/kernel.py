@@ -66,7 +66,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
     def _launch(self, max_m: int, expected_rows: Optional[int]):
         gpu = self.target.gpu
         gemm1_programs = self.spec.local_experts * -(-self.spec.intermediate_size // 64)
-        tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), gpu and gpu.vendor,
+        tile = configs.gemm_tile(configs.tile_rows(max_m, expected_rows, self.rule), gpu and gpu.vendor,
                                  bool(gpu and gpu.features.wgmma), self.rule, gemm1_programs,
                                  gpu.sm_count if gpu is not None else None)
         return tile, configs.m_grid(max_m, expected_rows, tile.block_m)

@@ -118,7 +118,9 @@ def test_plans_say_which_feed_runs_and_why():
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
     assert "in registers" in fused_text and "baseline" in fused_text
     mid = kernel.plan(expected_rows=24, max_m=128)
-    assert (mid.tile.path, mid.tile.block_m, mid.mma_dtype) == ("decode", 64, "bfloat16")
+    assert (mid.tile.path, mid.tile.block_m, mid.mma_dtype, mid.m_programs) == ("decode", 32, "bfloat16", 2)
+    assert kernel.plan(expected_rows=64, max_m=128).tile.block_m == 64  # the tile fits the estimate
+    assert kernel.plan(expected_rows=65, max_m=128).tile.path == "transposed_fp8"
     prefill = kernel.plan(expected_rows=256, max_m=512)
     assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (256, 8, 2)
     assert prefill.tile.path == "transposed_fp8" and prefill.mma_dtype == "float8_e4m3fn"
