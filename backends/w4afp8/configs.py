@@ -32,6 +32,10 @@ TILE_RULE = (
     (128, ("transposed_fp8", 128, 64, 4, 3)),
     (None, ("transposed_fp8", 256, 64, 8, 3)),
 )
+# registers per thread of the 16 x 64 decode tile on NVIDIA: GEMM 1 compiles to 140 (sm_90,
+# Triton 3.9) and so fits 3 programs per SM; held to 128 (no spills) it fits 4, the
+# RESIDENT_PROGRAMS_PER_SM the K split is sized for.
+DECODE_MAX_REGISTERS = 128
 # A 16-row decode grid that already fills the GPU at BLOCK_N 64 (RESIDENT_PROGRAMS_PER_SM programs
 # per SM for GEMM 1) takes this tile instead: half the programs, each loading the activation tile
 # once for twice the columns (32 experts x 8 rows on an H200: 470 us against 503 us).
@@ -78,6 +82,7 @@ class GemmTile:
     num_warps: int
     num_stages: int
     path: str = "fp8"  # a key of PATHS
+    max_registers: Optional[int] = None  # per thread (NVIDIA's maxnreg); None: the compiler's choice
 
     @property
     def transposed(self) -> bool:
@@ -85,8 +90,9 @@ class GemmTile:
         return self.path != "fp8"
 
     def describe(self) -> str:
+        registers = "" if self.max_registers is None else f", at most {self.max_registers} registers"
         return (f"{self.path} path ({PATHS[self.path]}), tile {self.block_m} rows x {self.block_n} "
-                f"columns x {GROUP_K}, {self.num_warps} warps, {self.num_stages} stages")
+                f"columns x {GROUP_K}, {self.num_warps} warps, {self.num_stages} stages{registers}")
 
 
 def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False,
@@ -103,7 +109,9 @@ def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False,
                 if (block_m == WIDE_DECODE_TILE[1] and sm_count
                         and gemm1_programs_at_64 >= RESIDENT_PROGRAMS_PER_SM * sm_count):
                     path, block_m, block_n, warps, stages = WIDE_DECODE_TILE
-                return GemmTile(block_m, block_n, warps, min(stages, cap or stages), path)
+                registers = (DECODE_MAX_REGISTERS if vendor == "nvidia" and (path, block_m, block_n)
+                             == ("decode", 16, 64) else None)
+                return GemmTile(block_m, block_n, warps, min(stages, cap or stages), path, registers)
         raise AssertionError("TILE_RULE ends with an unbounded row")
     if rule != "rows_on_m":
         raise ValueError(f"rule={rule!r} is not allowed: expected one of {RULES}")

@@ -69,6 +69,14 @@ def prepare(spec: MoESpec, weights, device: torch.device) -> PreparedW4AFp8:
         w2_input_scale=_input_scale(weights.w2_input_scale, "w2_input_scale", device))
 
 
+def launch_options(tile: configs.GemmTile) -> dict:
+    """Triton launch options of a tile: warps, stages and, where the tile holds one, a register cap."""
+    options = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
+    if tile.max_registers is not None:
+        options["maxnreg"] = tile.max_registers
+    return options
+
+
 def _split_workspace(experts: int, m_programs: int, n: int, tile: configs.GemmTile, accumulators: int,
                      split_k: int, device) -> tuple:
     """(fp32 workspace, int32 counters) of a split-K launch, zeroed in one allocation; empty
@@ -99,7 +107,7 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
                float(spec.swiglu_alpha), float(spec.swiglu_limit))
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   ACTIVATION=triton_kernels.ACTIVATION_CODES[spec.activation], GROUP_SCALED=group_scaled,
-                  DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
+                  DOT_DTYPE=DOT_DTYPES[dot_dtype], **launch_options(tile))
     if tile.transposed:
         ws, counters = _split_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
         triton_decode.w4a8_decode_gemm1_kernel[
@@ -119,7 +127,7 @@ def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: Prepared
     E, max_m, inter = h.shape
     hidden = spec.hidden_size
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
-                  DOT_DTYPE=DOT_DTYPES[dot_dtype], num_warps=tile.num_warps, num_stages=tile.num_stages)
+                  DOT_DTYPE=DOT_DTYPES[dot_dtype], **launch_options(tile))
     if tile.transposed:
         ws, counters = _split_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
         triton_decode.w4a8_decode_gemm2_kernel[

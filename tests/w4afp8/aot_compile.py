@@ -15,8 +15,9 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from backends.w4afp8 import configs, triton_decode, triton_kernels
+from backends.w4afp8 import configs, layer, triton_decode, triton_kernels
 
+MAXNREG = re.compile(r"\.maxnreg (\d+)")
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
 
 
@@ -65,11 +66,12 @@ def compile_all(target: str) -> list:
                  ("gemm2", getattr(module, f"{prefix}gemm2_kernel"), {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
             kernel = triton.compile(source(fn, types, constexprs), target=gpu,
-                                    options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
+                                    options=layer.launch_options(tile))
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
             results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,
                                 shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
-                                magic_unpack=asm.count("0x43004300")))
+                                magic_unpack=asm.count("0x43004300"),
+                                maxnreg=int(m.group(1)) if (m := MAXNREG.search(asm)) else None))
     return results
 
 
