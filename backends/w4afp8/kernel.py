@@ -4,7 +4,11 @@ Triton, fed in one of two ways that write the same bytes:
     requant  (default) the requant op (selected through hal.select_requant_kernel) writes
              per-tensor FP8 first, then GEMM 1 reads it;
     fused    GEMM 1 reads the per-token-group FP8 and requantizes it in registers: one launch
-             fewer, and 7-10% slower on an H200 (docs/backends/w4afp8.md), so it is the baseline."""
+             fewer, at best even and up to 65% slower on an H200 (docs/backends/w4afp8.md), so it
+             is the baseline.
+
+The tile rule ("transposed", default; "rows_on_m", the previous tiles, is the baseline) picks the
+GEMMs' path and tile from the expected rows (configs.py)."""
 
 from __future__ import annotations
 
