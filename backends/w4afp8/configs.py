@@ -32,10 +32,9 @@ TILE_RULE = (
     (128, ("transposed_fp8", 128, 64, 4, 3)),
     (None, ("transposed_fp8", 256, 64, 8, 3)),
 )
-# registers per thread of the 16 x 64 decode tile on NVIDIA: GEMM 1 compiles to 162 (sm_90,
+# registers per thread of the 16 x 64 decode tile on NVIDIA: GEMM 1 compiles to 140 (sm_90,
 # Triton 3.9) and so fits 3 programs per SM; held to 128 (no spills) it fits 4, the
-# RESIDENT_PROGRAMS_PER_SM the K split is sized for (8 experts x 8 rows on an H200: 138 us held,
-# 154 us not).
+# RESIDENT_PROGRAMS_PER_SM the K split is sized for.
 DECODE_MAX_REGISTERS = 128
 # A 16-row decode grid that already fills the GPU at BLOCK_N 64 (RESIDENT_PROGRAMS_PER_SM programs
 # per SM for GEMM 1) takes this tile instead: half the programs, each loading the activation tile

@@ -64,22 +64,15 @@ def _unpack(packed, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _group_scale(s_ptr, s_base, group, offs_n, live_n, N):
-    """s[group, offs_n] in fp32. The loops load it one group ahead: a few bytes per thread that
-    Triton's pipeliner does not stage, so loaded in the group that uses it, each group would wait
-    a full memory latency for it."""
-    return tl.load(s_ptr + s_base + group * N + offs_n, mask=live_n, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _group_partial(q_ptr, a_t, q_base, scale, group, offs_n, live_n, N,
+def _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n, N,
                    GROUP_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """(W[group, offs_n, :] @ a_t) * scale: one group's scaled fp32 partial, [BLOCK_N, BLOCK_M].
-    q_ptr is int16, GROUP_K / 4 per column and group."""
+    """(W[group, offs_n, :] @ a_t) * s[group, offs_n]: one group's scaled fp32 partial,
+    [BLOCK_N, BLOCK_M]. q_ptr is int16, GROUP_K / 4 per column and group."""
     halves = tl.arange(0, GROUP_K // 4)
     column = (group * N + offs_n).to(tl.int64) * (GROUP_K // 4)
     packed = tl.load(q_ptr + q_base + column[:, None] + halves[None, :], mask=live_n[:, None], other=0)
     w = _unpack(packed, MAGIC, DOT_DTYPE)
+    scale = tl.load(s_ptr + s_base + group * N + offs_n, mask=live_n, other=0.0).to(tl.float32)
     return tl.dot(w, a_t) * scale[:, None]
 
 
@@ -164,24 +157,15 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
         if split < parts:
             gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            first, end = split * groups // parts, (split + 1) * groups // parts
-            # gated: the up columns are [inter, 2 inter); relu2 loads the gate scales twice
-            offs_up = offs_n + inter * (ACTIVATION != 2)
-            s_gate = _group_scale(s_ptr, s_base, first, offs_n, live_n, weight_rows)
-            s_up = _group_scale(s_ptr, s_base, first, offs_up, live_n, weight_rows)
-            for group in range(first, end):
-                ahead = tl.minimum(group + 1, end - 1)
-                s_gate_ahead = _group_scale(s_ptr, s_base, ahead, offs_n, live_n, weight_rows)
-                s_up_ahead = _group_scale(s_ptr, s_base, ahead, offs_up, live_n, weight_rows)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
                 a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K,
                                     max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g,
                                     inv_in_scale, fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
-                gate += _group_partial(q_ptr, a_t, q_base, s_gate, group, offs_n, live_n,
+                gate += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
                                        weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
-                if ACTIVATION != 2:
-                    up += _group_partial(q_ptr, a_t, q_base, s_up, group, offs_up, live_n,
-                                         weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
-                s_gate, s_up = s_gate_ahead, s_up_ahead
+                if ACTIVATION != 2:  # gated: the up columns are [inter, 2 inter)
+                    up += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter,
+                                         live_n, weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
@@ -226,16 +210,11 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
         parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
         if split < parts:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            first, end = split * groups // parts, (split + 1) * groups // parts
-            scale = _group_scale(s_ptr, s_base, first, offs_n, live_n, hidden)
-            for group in range(first, end):
-                scale_ahead = _group_scale(s_ptr, s_base, tl.minimum(group + 1, end - 1), offs_n,
-                                           live_n, hidden)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
                 a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
                                     inter, 0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
-                acc += _group_partial(q_ptr, a_t, q_base, scale, group, offs_n, live_n, hidden,
-                                      GROUP_K, MAGIC, DOT_DTYPE)
-                scale = scale_ahead
+                acc += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                      hidden, GROUP_K, MAGIC, DOT_DTYPE)
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
