@@ -110,6 +110,9 @@ def test_plans_say_which_feed_runs_and_why():
     assert plan.split_k == (2, 1) and "2 K splits" in text
     assert plan.programs == 1 * (32 * 2 + 112) * 8
     assert kernel.plan(masked_m, expected_rows=2, max_m=128).split_k == (2, 1)
+    # never more than two splits (their sum does not depend on the order), however small the grid
+    assert backend.build(attrs.evolve(SPEC, num_local_experts=1), target).plan(
+        expected_rows=2, max_m=128).split_k == (2, 2)
     # 32 experts fill the GPU at BLOCK_N 64 already: the wide decode tile, no K split
     wide = backend.build(attrs.evolve(SPEC, num_local_experts=32), target).plan(expected_rows=2, max_m=128)
     assert (wide.tile.block_m, wide.tile.block_n, wide.split_k) == (16, 128, (1, 1))
