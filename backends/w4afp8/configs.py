@@ -16,10 +16,35 @@ import attrs
 # each step's fp32 partial sum is scaled once by its group's bf16 weight scale.
 GROUP_K = 128
 
-# rows per expert (upper bound, inclusive) -> (BLOCK_M, BLOCK_N, num_warps). BLOCK_M is at least
-# 16, the smallest M of an FP8 MMA instruction on NVIDIA and AMD. BLOCK_N 64 keeps two fp32
-# accumulators (gate and up) of a 128-row tile at 64 registers per lane on 8 warps, and gives a
-# decode batch of 8 experts x 2048 / 64 = 256 programs for GEMM 1, about two per SM on an H200.
+# The tile rule ("transposed", the default): rows per expert (upper bound, inclusive) -> (path,
+# BLOCK_M, BLOCK_N, num_warps, num_stages). Both paths put the weight tile on the MMA's M side and
+# the rows on its N side, so BLOCK_M covers an expert's rows in one m-block (each further m-block
+# streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 64 rows the
+# int4 unpack dominates: the bf16 MMA path ("decode") unpacks with Marlin's lop3 trick, 1.6x faster
+# than shifts and masks on an H200 at 8 experts x 8 rows. Beyond, the FP8 MMA's rate pays for its
+# slower unpack. Measured on an H200 (docs/backends/w4afp8.md): 8 experts x 8 rows 143 us at
+# 16 x 64 against 165-185 us at 16 x 128 or 8 warps; 64 rows 210 us at 64 x 64 against 304 us at
+# 32 x 64; 512 rows 953 us at 256 x 64 (8 warps) against 1092 us at 128 x 64.
+TILE_RULE = (
+    (16, ("decode", 16, 64, 4, 4)),
+    (32, ("decode", 32, 64, 4, 4)),
+    (64, ("decode", 64, 64, 4, 4)),
+    (128, ("transposed_fp8", 128, 64, 4, 3)),
+    (None, ("transposed_fp8", 256, 64, 8, 3)),
+)
+# registers per thread of the 16 x 64 decode tile on NVIDIA: GEMM 1 compiles to 140 (sm_90,
+# Triton 3.9) and so fits 3 programs per SM; held to 128 (no spills) it fits 4, the
+# RESIDENT_PROGRAMS_PER_SM the K split is sized for (8 experts x 8 rows on an H200: 138 us held,
+# 154 us not).
+DECODE_MAX_REGISTERS = 128
+# A 16-row decode grid that already fills the GPU at BLOCK_N 64 (RESIDENT_PROGRAMS_PER_SM programs
+# per SM for GEMM 1) takes this tile instead: half the programs, each loading the activation tile
+# once for twice the columns (32 experts x 8 rows on an H200: 470 us against 503 us).
+WIDE_DECODE_TILE = ("decode", 16, 128, 4, 3)
+
+# The previous rule ("rows_on_m", kept as the baseline): the rows on the FP8 MMA's M side.
+# rows per expert (upper bound, inclusive) -> (BLOCK_M, BLOCK_N, num_warps); BLOCK_M never below
+# WGMMA_MIN_M on GPUs with warpgroup MMA.
 TILES = (
     (16, (16, 64, 4)),
     (32, (32, 64, 4)),
@@ -27,15 +52,31 @@ TILES = (
     (None, (128, 64, 8)),
 )
 # rows: the M of one warpgroup MMA (wgmma, sm_90). Triton lowers an FP8 dot with a smaller M to f16
-# mma.sync on sm_90, so on GPUs with wgmma the tile never goes below it: the MMA stays FP8, and the
-# rows it computes beyond masked_m cost nothing next to the weight stream of a decode step.
+# mma.sync on sm_90, so on GPUs with wgmma the rows-on-M tile never goes below it.
 WGMMA_MIN_M = 64
-# software-pipeline depth of the K loop: the weight stream is what the loop waits on, so NVIDIA
-# keeps three groups in flight; AMD's Triton pipeliner is tuned for two stages.
+# software-pipeline depth of the rows-on-M K loop: NVIDIA keeps three groups in flight; AMD's
+# Triton pipeliner is tuned for two stages, which caps every rule there.
 STAGES = {"nvidia": 3, "amd": 2}
 # rows: an expert is expected to hold up to this many times the average before the m-grid stops
 # growing with it; rows beyond that are walked by the same programs in a loop (never dropped).
 ROW_SLACK = 2
+RULES = ("transposed", "rows_on_m")
+
+# Split K of the transposed GEMMs: a grid (experts x n-blocks x m-programs) too small to fill the
+# GPU gets K split over more programs, up to this many resident on each SM (4-warp programs holding
+# 41-51 KB of shared memory), each split keeping at least MIN_GROUPS_PER_SPLIT groups of 128. At
+# most two splits: their fp32 sums added in either order give the same value, so the output bytes
+# do not depend on which split arrives first (from three on they would); on an H200, 8 experts x 8
+# rows took 143 / 138 / 140 us at 1 / 2 / 4 splits.
+RESIDENT_PROGRAMS_PER_SM = 4
+MAX_SPLIT_K = 2
+MIN_GROUPS_PER_SPLIT = 4
+# path -> what runs
+PATHS = {
+    "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
+    "transposed_fp8": "transposed FP8 MMA (weights on M, rows on N), int4 unpacked to FP8",
+    "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",
+}
 
 
 @attrs.frozen
@@ -44,15 +85,40 @@ class GemmTile:
     block_n: int
     num_warps: int
     num_stages: int
+    path: str = "fp8"  # a key of PATHS
+    max_registers: Optional[int] = None  # per thread (NVIDIA's maxnreg); None: the compiler's choice
+
+    @property
+    def transposed(self) -> bool:
+        """Weights on the MMA's M side (triton_decode), rows on its N side."""
+        return self.path != "fp8"
 
     def describe(self) -> str:
-        return (f"tile {self.block_m}x{self.block_n}x{GROUP_K}, {self.num_warps} warps, "
-                f"{self.num_stages} stages")
+        registers = "" if self.max_registers is None else f", at most {self.max_registers} registers"
+        return (f"{self.path} path ({PATHS[self.path]}), tile {self.block_m} rows x {self.block_n} "
+                f"columns x {GROUP_K}, {self.num_warps} warps, {self.num_stages} stages{registers}")
 
 
-def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False) -> GemmTile:
+def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False,
+              rule: str = "transposed", gemm1_programs_at_64: int = 0,
+              sm_count: Optional[int] = None) -> GemmTile:
     """The tile for experts expected to hold `rows_per_expert` rows on a GPU of `vendor` (None for
-    the interpreter), with warpgroup MMA or not."""
+    the interpreter), with warpgroup MMA or not, under `rule` (one of RULES). gemm1_programs_at_64
+    is GEMM 1's grid at BLOCK_N 64 (experts x n-blocks), which widens a decode tile that fills the
+    GPU already."""
+    cap = STAGES["amd"] if vendor == "amd" else None
+    if rule == "transposed":
+        for bound, (path, block_m, block_n, warps, stages) in TILE_RULE:
+            if bound is None or rows_per_expert <= bound:
+                if (block_m == WIDE_DECODE_TILE[1] and sm_count
+                        and gemm1_programs_at_64 >= RESIDENT_PROGRAMS_PER_SM * sm_count):
+                    path, block_m, block_n, warps, stages = WIDE_DECODE_TILE
+                registers = (DECODE_MAX_REGISTERS if vendor == "nvidia" and (path, block_m, block_n)
+                             == ("decode", 16, 64) else None)
+                return GemmTile(block_m, block_n, warps, min(stages, cap or stages), path, registers)
+        raise AssertionError("TILE_RULE ends with an unbounded row")
+    if rule != "rows_on_m":
+        raise ValueError(f"rule={rule!r} is not allowed: expected one of {RULES}")
     stages = STAGES.get(vendor or "", STAGES["nvidia"])
     for bound, (block_m, block_n, warps) in TILES:
         if bound is None or rows_per_expert <= bound:
@@ -68,7 +134,28 @@ def rows_hint(max_m: int, expected_rows: Optional[int]) -> int:
     return max(1, min(max_m, ROW_SLACK * expected_rows))
 
 
+def tile_rows(max_m: int, expected_rows: Optional[int], rule: str) -> int:
+    """Rows per expert the tile is chosen for. The transposed rule takes the estimate itself (capped
+    by max_m), so a uniform batch fits one m-block: sizing the tile for the slack of the m-grid would
+    put 64 expected rows on a 128-row FP8 tile. The rows-on-M baseline keeps its rule, rows_hint."""
+    if rule == "rows_on_m" or expected_rows is None:
+        return rows_hint(max_m, expected_rows)
+    return max(1, min(max_m, expected_rows))
+
+
 def m_grid(max_m: int, expected_rows: Optional[int], block_m: int) -> int:
     """Programs per expert along rows. Program p takes the m-blocks p, p + m_grid, ... that lie
     below masked_m[e]; one whose first block is already past masked_m exits at once."""
     return max(1, -(-rows_hint(max_m, expected_rows) // block_m))
+
+
+def split_k(programs: int, k_groups: int, sm_count: Optional[int]) -> int:
+    """K splits (a power of two) for a transposed GEMM of `programs` programs (experts x n-blocks x
+    m-programs) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is unknown."""
+    if not sm_count:
+        return 1
+    split = 1
+    while (split < MAX_SPLIT_K and programs * split * 2 <= RESIDENT_PROGRAMS_PER_SM * sm_count
+           and k_groups // (split * 2) >= MIN_GROUPS_PER_SPLIT):
+        split *= 2
+    return split

@@ -4,7 +4,11 @@ Triton, fed in one of two ways that write the same bytes:
     requant  (default) the requant op (selected through hal.select_requant_kernel) writes
              per-tensor FP8 first, then GEMM 1 reads it;
     fused    GEMM 1 reads the per-token-group FP8 and requantizes it in registers: one launch
-             fewer, and 7-10% slower on an H200 (docs/backends/w4afp8.md), so it is the baseline."""
+             fewer, at best even and up to 65% slower on an H200 (docs/backends/w4afp8.md), so it
+             is the baseline.
+
+The tile rule ("transposed", default; "rows_on_m", the previous tiles, is the baseline) picks the
+GEMMs' path and tile from the expected rows (configs.py)."""
 
 from __future__ import annotations
 
@@ -23,18 +27,28 @@ VARIANTS = ("requant", "fused")
 class W4AFp8MaskedKernel(MaskedMoEKernel):
     backend = NAME
 
-    def __init__(self, spec, target, variant: str = "requant"):
+    def __init__(self, spec, target, variant: str = "requant", rule: str = "transposed"):
         super().__init__(spec, target)
         if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r} is not allowed: expected one of {VARIANTS}")
+        if rule not in configs.RULES:
+            raise ValueError(f"rule={rule!r} is not allowed: expected one of {configs.RULES}")
         self.variant = variant
+        self.rule = rule
         self.requant = self._select_requant() if variant == "requant" else None
 
+    def mma_dtype(self, tile: configs.GemmTile) -> torch.dtype:
+        """FP8 MMA on the fp8 path, bf16 on the decode path; fp32 in Triton's CPU interpreter,
+        which has neither (the operands carry the same FP8 and int4 values either way)."""
+        if self.device.type == "cpu":
+            return torch.float32
+        return torch.bfloat16 if tile.path == "decode" else self.fp8_dtype
+
     @property
-    def mma_dtype(self) -> torch.dtype:
-        """FP8 MMA on a GPU; fp32 in Triton's CPU interpreter, which has no FP8 MMA (the operands
-        carry the same FP8 values either way)."""
-        return torch.float32 if self.device.type == "cpu" else self.fp8_dtype
+    def magic_unpack(self) -> bool:
+        """The decode path's PTX unpack (NVIDIA); shifts and masks elsewhere."""
+        gpu = self.target.gpu
+        return bool(gpu and gpu.vendor == "nvidia")
 
     def _select_requant(self):
         import hal
@@ -43,16 +57,22 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return hal.select_requant_kernel(spec, self.target.device, caps=self.target.caps)
 
     def baselines(self) -> dict:
+        """The other feed, and (for the default tile rule) the previous rows-on-M FP8 tiles."""
         other = VARIANTS[1 - VARIANTS.index(self.variant)]
-        return {other: W4AFp8MaskedKernel(self.spec, self.target, other)}
+        out = {other: W4AFp8MaskedKernel(self.spec, self.target, other, self.rule)}
+        if self.rule == "transposed":
+            out["rows_on_m"] = W4AFp8MaskedKernel(self.spec, self.target, self.variant, "rows_on_m")
+        return out
 
     def _prepare(self, weights):
         return layer.prepare(self.spec, weights, self.device)
 
     def _launch(self, max_m: int, expected_rows: Optional[int]):
         gpu = self.target.gpu
-        tile = configs.gemm_tile(configs.rows_hint(max_m, expected_rows), gpu and gpu.vendor,
-                                 bool(gpu and gpu.features.wgmma))
+        gemm1_programs = self.spec.local_experts * -(-self.spec.intermediate_size // 64)
+        tile = configs.gemm_tile(configs.tile_rows(max_m, expected_rows, self.rule), gpu and gpu.vendor,
+                                 bool(gpu and gpu.features.wgmma), self.rule, gemm1_programs,
+                                 gpu.sm_count if gpu is not None else None)
         return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
@@ -67,8 +87,21 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
                              check=False)
             x_scale = None
         h = torch.empty((E, max_m, self.spec.intermediate_size), dtype=x.dtype, device=x.device)
-        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, self.mma_dtype)
-        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, self.mma_dtype)
+        dot, magic = self.mma_dtype(tile), self.magic_unpack
+        split1, split2 = self._splits(tile, m_programs)
+        layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, dot, magic, split1)
+        layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, dot, magic, split2)
+
+    def _splits(self, tile: configs.GemmTile, m_programs: int) -> tuple:
+        """K splits of (GEMM 1, GEMM 2): transposed tiles only, from the grid and the SM count."""
+        if not tile.transposed:
+            return 1, 1
+        gpu = self.target.gpu
+        sms = gpu.sm_count if gpu is not None else None
+        E, H, inter = self.spec.local_experts, self.spec.hidden_size, self.spec.intermediate_size
+        programs = lambda n: E * m_programs * -(-n // tile.block_n)
+        return (configs.split_k(programs(inter), H // configs.GROUP_K, sms),
+                configs.split_k(programs(H), inter // configs.GROUP_K, sms))
 
     def plan(self, masked_m=None, expected_rows: Optional[int] = None, max_m: Optional[int] = None):
         """max_m defaults to the largest count in masked_m."""
@@ -81,7 +114,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         tile, m_programs = self._launch(max_m, expected_rows)
         blocks = lambda n: -(-n // tile.block_n)
         return W4AFp8Plan(
-            self.variant, tile, m_programs, blocks(self.spec.intermediate_size),
+            self.variant, self.rule, tile, m_programs, blocks(self.spec.intermediate_size),
             blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
-            str(self.mma_dtype).replace("torch.", ""), live, rows,
+            str(self.mma_dtype(tile)).replace("torch.", ""), self._splits(tile, m_programs), live, rows,
             self.requant.plan(max_m, expected_rows) if self.requant is not None else None)

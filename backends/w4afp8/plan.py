@@ -17,16 +17,27 @@ FEEDS = {
 }
 # why each variant is the one that runs when it is
 WHY = {
-    "requant": "default: the fused feed took 7-10% longer on an H200 at every benchmarked "
-               "point (8 and 32 experts, 1-512 rows), same bytes",
+    "requant": "default: on an H200 the fused feed was within 1% at 8 experts x 1-8 rows and "
+               "2-65% slower at every other benchmarked point (8 and 32 experts, 1-512 rows), "
+               "same bytes",
     "fused": "named as the baseline of the requant feed (kernel.baselines()): one launch and one "
              "[E, max_m, H] FP8 write and read fewer, but a slower GEMM 1 main loop",
+}
+
+# tile rule -> why it runs (configs.TILE_RULE and TILES carry the figures)
+RULE_WHY = {
+    "transposed": "tile rule 'transposed' (default): weights on the MMA's M side and the rows on "
+                  "its N side, bf16 MMA with the lop3 unpack up to 64 rows and FP8 MMA beyond, as "
+                  "measured on an H200",
+    "rows_on_m": "tile rule 'rows_on_m' (baseline, the previous tiles): rows on the FP8 MMA's M "
+                 "side, never below 64 rows on GPUs with warpgroup MMA",
 }
 
 
 @attrs.frozen
 class W4AFp8Plan:
     variant: str  # "fused" | "requant"
+    rule: str  # a key of RULE_WHY
     tile: GemmTile
     m_programs: int  # programs per expert along rows
     gemm1_n_blocks: int
@@ -34,21 +45,25 @@ class W4AFp8Plan:
     num_experts: int
     max_m: int
     expected_rows: Optional[int]
-    mma_dtype: str  # the MMA operand dtype: the target's FP8, fp32 under the Triton interpreter
+    mma_dtype: str  # the MMA operand dtype: FP8 or bf16 by path, fp32 under the Triton interpreter
+    split_k: tuple  # K splits of (GEMM 1, GEMM 2)
     live_experts: Optional[int]
     rows: Optional[int]
     requant: Optional[object]  # the requant op's own plan, for the requant feed
 
     @property
     def programs(self) -> int:
-        return self.m_programs * (self.gemm1_n_blocks + self.gemm2_n_blocks) * self.num_experts
+        blocks = self.gemm1_n_blocks * self.split_k[0] + self.gemm2_n_blocks * self.split_k[1]
+        return self.m_programs * blocks * self.num_experts
 
     def describe(self) -> str:
         live = "" if self.rows is None else f"{self.rows} rows on {self.live_experts} live experts; "
         requant = "" if self.requant is None else f"; requant: {self.requant.describe()}"
         return (f"w4afp8 masked MoE, feed {self.variant}: {FEEDS[self.variant]} ({WHY[self.variant]}); "
                 f"{live}int4 g128 x {self.mma_dtype} MMA, fp32 accumulation scaled per K group of 128; "
-                f"{self.tile.describe()}, sized for expected rows {self.expected_rows} of max_m "
+                f"{RULE_WHY[self.rule]}: {self.tile.describe()}, sized for expected rows "
+                f"{self.expected_rows} of max_m "
                 f"{self.max_m}; grids {self.m_programs} x {self.gemm1_n_blocks} x {self.num_experts} "
-                f"(GEMM 1 + activation + FP8 requant) and {self.m_programs} x {self.gemm2_n_blocks} x "
-                f"{self.num_experts} (GEMM 2, bf16); m-programs past masked_m exit at once{requant}")
+                f"x {self.split_k[0]} K splits (GEMM 1 + activation + FP8 requant) and {self.m_programs} "
+                f"x {self.gemm2_n_blocks} x {self.num_experts} x {self.split_k[1]} K splits (GEMM 2, "
+                f"bf16); m-programs past masked_m exit at once{requant}")

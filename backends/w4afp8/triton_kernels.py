@@ -49,14 +49,16 @@ def _activation_tile(a_ptr, a_scale_ptr, expert, offs_m, live_m, k0, max_m, K,
 
 
 @triton.jit
-def _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, K, N,
+def _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, N,
                       GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """acc + (a @ W[k0:k0 + GROUP_K, offs_n]) * s[k0 / GROUP_K, offs_n]: one scale group.
 
-    q is the prepared uint4b8 weight, int32 [N, K / 8] per expert (K contiguous, eight nibbles
-    along K, lowest first); s is bf16 [K / GROUP_K, N] per expert."""
-    words = k0 // 8 + tl.arange(0, GROUP_K // 8)
-    packed = tl.load(q_ptr + q_base + offs_n[None, :].to(tl.int64) * (K // 8) + words[:, None],
+    q is the prepared uint4b8 weight, int32 [K / GROUP_K, N, GROUP_K / 8] per expert (blocked by
+    K group: a group's [N, GROUP_K] tile is one contiguous run, eight nibbles per word along K,
+    lowest first); s is bf16 [K / GROUP_K, N] per expert."""
+    words = tl.arange(0, GROUP_K // 8)
+    column = ((k0 // GROUP_K) * N + offs_n).to(tl.int64) * (GROUP_K // 8)
+    packed = tl.load(q_ptr + q_base + column[None, :] + words[:, None],
                      mask=live_n[None, :], other=0)  # [GROUP_K / 8, BLOCK_N], each word loaded once
     shifts = tl.arange(0, 8) * 4
     nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [GROUP_K / 8, 8, BLOCK_N]
@@ -117,10 +119,10 @@ def w4a8_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_p
                                  scale_stride_e, scale_stride_m, scale_stride_g, inv_in_scale, fp8_max,
                                  GROUP_K, GROUP_SCALED, DOT_DTYPE)
             gate = _scaled_group_dot(a, gate, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0,
-                                     hidden, weight_rows, GROUP_K, DOT_DTYPE)
+                                     weight_rows, GROUP_K, DOT_DTYPE)
             if ACTIVATION != 2:  # gated
                 up = _scaled_group_dot(a, up, q_ptr, s_ptr, q_base, s_base, offs_n + inter, live_n,
-                                       k0, hidden, weight_rows, GROUP_K, DOT_DTYPE)
+                                       k0, weight_rows, GROUP_K, DOT_DTYPE)
         act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
         h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
         out_rows = expert.to(tl.int64) * max_m + offs_m
@@ -150,8 +152,8 @@ def w4a8_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, out_ptr, 
         for k0 in range(0, inter, GROUP_K):
             a = _activation_tile(h_ptr, h_ptr, expert, offs_m, live_m, k0, max_m, inter, 0, 0, 0,
                                  1.0, 0.0, GROUP_K, False, DOT_DTYPE)
-            acc = _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, inter,
-                                    hidden, GROUP_K, DOT_DTYPE)
+            acc = _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, hidden,
+                                    GROUP_K, DOT_DTYPE)
         out_rows = expert.to(tl.int64) * max_m + offs_m
         tl.store(out_ptr + out_rows[:, None] * hidden + offs_n[None, :], (acc * in_scale).to(tl.bfloat16),
                  mask=live_m[:, None] & live_n[None, :])

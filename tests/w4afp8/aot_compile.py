@@ -15,15 +15,23 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from backends.w4afp8 import configs, triton_kernels
+from backends.w4afp8 import configs, layer, triton_decode, triton_kernels
 
+MAXNREG = re.compile(r"\.maxnreg (\d+)")
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
+
+
+# integer arguments that hold multiples of 16 in every real launch: Triton specializes them (and
+# every pointer) as such when it launches, so the AOT compile is told the same.
+MULTIPLES_OF_16 = ("max_m", "hidden", "inter", "weight_rows")
 
 
 def source(fn, types: dict, constexprs: dict) -> ASTSource:
     names = fn.arg_names
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
-    return ASTSource(fn=fn, signature=signature,
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if n not in constexprs and (types[n].startswith("*") or n in MULTIPLES_OF_16)}
+    return ASTSource(fn=fn, signature=signature, attrs=attrs,
                      constexprs={(names.index(k),): v for k, v in constexprs.items()})
 
 
@@ -32,7 +40,6 @@ def compile_all(target: str) -> list:
     hip = backend == "hip"
     gpu = GPUTarget("hip", arch, 64) if hip else GPUTarget("cuda", int(arch), 32)
     fp8, dot = ("fp8e4b8", tl.float8e4b8) if hip else ("fp8e4nv", tl.float8e4nv)
-    stages = configs.STAGES["amd" if hip else "nvidia"]
     gemm1 = dict(x_ptr=f"*{fp8}", x_scale_ptr="*fp32", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16",
                  in_scale_ptr="*fp32", out_scale_ptr="*fp32", h_ptr=f"*{fp8}", max_m="i32", hidden="i32",
                  inter="i32", weight_rows="i32", scale_stride_e="i32", scale_stride_m="i32",
@@ -40,18 +47,31 @@ def compile_all(target: str) -> list:
     gemm2 = dict(h_ptr=f"*{fp8}", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16", in_scale_ptr="*fp32",
                  out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
     results = []
-    for rows in (8, 200):  # the decode tile and the prefill tile
-        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90")
-        common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K, DOT_DTYPE=dot)
-        cases = [("gemm1", triton_kernels.w4a8_gemm1_kernel, gemm1,
+    # the default rule's decode, bf16 and FP8 tiles, and the rows-on-M baseline's smallest and largest
+    for rule, rows in (("transposed", 8), ("transposed", 48), ("transposed", 200), ("rows_on_m", 8),
+                       ("rows_on_m", 200)):
+        tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90", rule=rule)
+        common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
+        if tile.transposed:
+            # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8 experts)
+            module, prefix = triton_decode, "w4a8_decode_"
+            halves = dict(q_ptr="*i16", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
+            bf16 = tile.path == "decode"
+            common.update(DOT_DTYPE=tl.bfloat16 if bf16 else dot, MAGIC=bf16 and not hip, SPLIT_K=2)
+        else:
+            module, prefix, halves = triton_kernels, "w4a8_", {}
+            common.update(DOT_DTYPE=dot)
+        cases = [("gemm1", getattr(module, f"{prefix}gemm1_kernel"), {**gemm1, **halves},
                   dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
-                 ("gemm2", triton_kernels.w4a8_gemm2_kernel, gemm2, common)]
+                 ("gemm2", getattr(module, f"{prefix}gemm2_kernel"), {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
             kernel = triton.compile(source(fn, types, constexprs), target=gpu,
-                                    options=dict(num_warps=tile.num_warps, num_stages=stages))
+                                    options=layer.launch_options(tile))
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
-            results.append(dict(kernel=name, block_m=tile.block_m, shared=kernel.metadata.shared,
-                                mma=sorted(set(MMA.findall(asm)))))
+            results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,
+                                shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
+                                magic_unpack=asm.count("0x43004300"),
+                                maxnreg=int(m.group(1)) if (m := MAXNREG.search(asm)) else None))
     return results
 
 

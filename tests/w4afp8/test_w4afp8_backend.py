@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -101,22 +102,51 @@ def test_plans_say_which_feed_runs_and_why():
     text = plan.describe()
     assert plan.variant == "requant" and "default" in text and "requant op rewrites x" in text
     assert "requant tuned" in text
-    # sm_90: never below a warpgroup MMA's 64 rows, so the MMA stays FP8
-    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (64, 1, 32, 112)
-    assert plan.mma_dtype == "float8_e4m3fn" and plan.rows == 8 and plan.live_experts == 5
-    assert plan.programs == 1 * (32 + 112) * 8
+    # a few rows: the decode path, 16 rows on the bf16 MMA's N side
+    assert plan.tile.path == "decode" and "decode path" in text
+    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (16, 1, 32, 112)
+    assert plan.mma_dtype == "bfloat16" and plan.rows == 8 and plan.live_experts == 5
+    # 8 experts x 32 n-blocks fill half of 4 programs on each of 132 SMs: GEMM 1 splits K in two
+    assert plan.split_k == (2, 1) and "2 K splits" in text
+    assert plan.programs == 1 * (32 * 2 + 112) * 8
+    assert kernel.plan(masked_m, expected_rows=2, max_m=128).split_k == (2, 1)
+    # never more than two splits (their sum does not depend on the order), however small the grid
+    assert backend.build(attrs.evolve(SPEC, num_local_experts=1), target).plan(
+        expected_rows=2, max_m=128).split_k == (2, 2)
+    # 32 experts fill the GPU at BLOCK_N 64 already: the wide decode tile, no K split
+    wide = backend.build(attrs.evolve(SPEC, num_local_experts=32), target).plan(expected_rows=2, max_m=128)
+    assert (wide.tile.block_m, wide.tile.block_n, wide.split_k) == (16, 128, (1, 1))
     baseline = kernel.baselines()["fused"]
-    assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant"}
+    assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant", "rows_on_m"}
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
     assert "in registers" in fused_text and "baseline" in fused_text
+    mid = kernel.plan(expected_rows=24, max_m=128)
+    assert (mid.tile.path, mid.tile.block_m, mid.mma_dtype, mid.m_programs) == ("decode", 32, "bfloat16", 2)
+    assert kernel.plan(expected_rows=64, max_m=128).tile.block_m == 64  # the tile fits the estimate
+    assert kernel.plan(expected_rows=65, max_m=128).tile.path == "transposed_fp8"
     prefill = kernel.plan(expected_rows=256, max_m=512)
-    assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (128, 8, 4)
+    assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (256, 8, 2)
+    assert prefill.tile.path == "transposed_fp8" and prefill.mma_dtype == "float8_e4m3fn"
+    assert prefill.split_k == (1, 1)
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
-    mi300x = backend.build(SPEC, profile_target("mi300x")).plan(masked_m, expected_rows=2)
-    assert mi300x.mma_dtype == "float8_e4m3fnuz" and mi300x.tile.num_stages == 2
-    assert mi300x.tile.block_m == 16  # MFMA has FP8 at M = 16
-    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).plan(masked_m, expected_rows=2)
-    assert l40s.tile.block_m == 16  # sm_89: FP8 mma.sync at M = 16
+    # the previous tiles, kept as the baseline: rows on the FP8 MMA's M side, never below a
+    # warpgroup MMA's 64 rows on sm_90, so the MMA stays FP8
+    rows_on_m = kernel.baselines()["rows_on_m"]
+    old = rows_on_m.plan(masked_m, expected_rows=2, max_m=128)
+    assert (old.tile.path, old.tile.block_m, old.split_k) == ("fp8", 64, (1, 1))
+    assert old.mma_dtype == "float8_e4m3fn"
+    assert "rows_on_m" in old.describe() and "baseline" in old.describe()
+    old_prefill = rows_on_m.plan(expected_rows=256, max_m=512)
+    assert (old_prefill.tile.block_m, old_prefill.tile.num_warps, old_prefill.m_programs) == (128, 8, 4)
+    mi300x_kernel = backend.build(SPEC, profile_target("mi300x"))
+    mi300x = mi300x_kernel.plan(masked_m, expected_rows=2)
+    assert mi300x.mma_dtype == "bfloat16" and mi300x.tile.num_stages == 2
+    mi300x_prefill = mi300x_kernel.plan(expected_rows=256, max_m=512)
+    assert mi300x_prefill.mma_dtype == "float8_e4m3fnuz" and mi300x_prefill.tile.num_stages == 2
+    l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).baselines()["rows_on_m"]
+    assert l40s.plan(expected_rows=2, max_m=128).tile.block_m == 16  # sm_89: FP8 mma.sync at M = 16
+    with pytest.raises(ValueError, match="rule='fast'"):
+        type(kernel)(SPEC, target, rule="fast")
 
 
 def test_bad_arguments_name_what_is_wrong():
@@ -132,8 +162,6 @@ def test_bad_arguments_name_what_is_wrong():
     weights = random_weights(spec, seed=1)
     for name in ("w13_input_scale", "w2_input_scale"):
         for value in (0.0, float("inf")):
-            import attrs
-
             bad = attrs.evolve(weights, **{name: torch.tensor(value)})
             with pytest.raises(ValueError, match=name):
                 kernel.prepare_weights(bad)

@@ -1,6 +1,6 @@
 """The w4afp8 kernels compiled ahead of time for sm_90, sm_89 and gfx942 on any machine (Triton
-compiles without the GPU): they must lower to FP8 matrix instructions where the target has them
-and fit in shared memory with room for several programs per SM."""
+compiles without the GPU): the fp8 path must lower to FP8 matrix instructions, the decode path to
+bf16 ones (with the PTX unpack on NVIDIA only), and each fits a block's shared memory."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[2]
-# bytes: at most a third of an H100/H200 SM's 228 KB, so three programs can share one.
-MAX_SHARED = 76 * 1024
+# bytes: a block's opt-in shared memory on an H100/H200 (227 KB), the most one program may hold
+# (the 256-row FP8 prefill tile holds 122 KB; the decode tiles 38-81 KB).
+MAX_SHARED = 227 * 1024
 
 
 def compiled(target: str) -> list:
@@ -33,19 +34,29 @@ def compiled(target: str) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_sm90_uses_fp8_wgmma_at_every_tile():
-    for case in compiled("cuda:90"):
+def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_and_bf16_with_the_ptx_unpack_in_decode():
+    cases = compiled("cuda:90")
+    assert {c["path"] for c in cases} == {"decode", "transposed_fp8", "fp8"}
+    for case in cases:
         assert case["shared"] <= MAX_SHARED, case
-        assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
+        if case["path"] == "decode":
+            assert any("bf16.bf16" in m for m in case["mma"]) and case["magic_unpack"] > 0, case
+            # the 16-row tile is held to 128 registers, so four programs share an SM
+            assert case["maxnreg"] == (128 if case["block_m"] == 16 else None), case
+        else:
+            assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
 
 
-def test_sm89_uses_fp8_mma_sync():
+def test_sm89_uses_fp8_mma_sync_on_the_fp8_paths():
     for case in compiled("cuda:89"):
         assert case["shared"] <= MAX_SHARED, case
-        assert any("e4m3.e4m3" in m for m in case["mma"]), case
+        want = "bf16.bf16" if case["path"] == "decode" else "e4m3.e4m3"
+        assert any(want in m for m in case["mma"]), case
 
 
-def test_gfx942_uses_fp8_mfma():
+def test_gfx942_uses_mfma_and_no_ptx():
     for case in compiled("hip:gfx942"):
         assert case["shared"] <= MAX_SHARED, case
-        assert any("mfma" in m and "fp8" in m for m in case["mma"]), case
+        want = "bf16" if case["path"] == "decode" else "fp8"
+        assert any("mfma" in m and want in m for m in case["mma"]), case
+        assert case["magic_unpack"] == 0, case

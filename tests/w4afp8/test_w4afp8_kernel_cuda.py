@@ -53,8 +53,8 @@ def spec_of(experts, activation="silu", **shape):
 def kernels(spec, target):
     from backends.w4afp8 import backend
 
-    fused = backend.build(spec, target)
-    return {"fused": fused, "requant": fused.baselines()["requant"]}
+    default = backend.build(spec, target)
+    return {default.variant: default, **default.baselines()}
 
 
 def weights_of(spec, device, seed):
@@ -108,8 +108,10 @@ def test_every_tile_and_odd_max_m(target, expected_rows):
     run_both(spec_of(4), target, [45, 7, 0, 33], 45, expected_rows, seed=11)
 
 
-def test_prefill_rows(target):
-    run_both(spec_of(4), target, [256, 130, 0, 77], 256, 116, seed=12)
+@pytest.mark.parametrize("expected_rows", [116, 200])
+def test_prefill_rows(target, expected_rows):
+    """The 128- and 256-row FP8 tiles; expert 0 walks two m-blocks of the 128-row tile."""
+    run_both(spec_of(4), target, [256, 130, 0, 77], 256, expected_rows, seed=12)
 
 
 @pytest.mark.parametrize("activation", ["swiglu_oai", "relu2"])

@@ -1,0 +1,239 @@
+"""Decode GEMMs of the W4AFP8 masked MoE (a few rows per expert), run transposed: the weight tile is
+the MMA's M side and the expert's rows are its N side, so 16 rows fill an MMA and the weight stream
+is what each program spends its time on.
+
+Per K group of 128, a [BLOCK_N, 128] weight tile is unpacked to bf16 q - 8 and multiplied with the
+[128, BLOCK_M] activation tile converted from FP8 to bf16. Both conversions are exact (q - 8 has 4
+significant bits, e4m3 4), every product is exact in fp32, and the MMA accumulates the group in
+fp32; the group's partial sum is then scaled by its bf16 weight scale and added to the fp32
+accumulator, the same rounding points as the FP8 GEMMs of triton_kernels.py.
+
+On NVIDIA the unpack is Marlin's: lop3 places two nibbles into the mantissas of a bf16 pair 128 + q,
+one bf16x2 fma subtracts 136, so eight weights cost five instructions. Elsewhere (AMD, Triton's CPU
+interpreter) it shifts and masks; the interpreter's MMA runs in fp32 on the same values.
+
+The prepared weights are blocked by K group (int32 [E, K / 128, N, 16], triton_kernels.py), read
+here as int16: int16 i of a column's group holds its k = 4 i .. 4 i + 3, lowest nibble first.
+
+Only tl APIs present in both Triton 3.6 and 3.9 are used."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from backends.w4afp8.triton_kernels import _activation, _requant
+
+# One int16 pair in, four bf16 pairs out: pair j holds nibble j of each int16 as q - 8.
+# lop3 immediate 0xEA is (a & b) | c; bf16x2 fma computes x * 1 + (-136) exactly.
+_MAGIC_UNPACK_PTX = tl.constexpr("""
+{
+.reg .b32 t, one, bias;
+mov.b32 one, 0x3F803F80;
+mov.b32 bias, 0xC308C308;
+lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, $0, one, bias;
+fma.rn.bf16x2 $1, $1, one, bias;
+fma.rn.bf16x2 $2, $2, one, bias;
+fma.rn.bf16x2 $3, $3, one, bias;
+}
+""")
+
+
+@triton.jit
+def _unpack(packed, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """int16 [R, G / 4] -> [R, G] of q - 8 in DOT_DTYPE, k = 4 i + nibble."""
+    if MAGIC:
+        n0, n1, n2, n3 = tl.inline_asm_elementwise(
+            _MAGIC_UNPACK_PTX, "=r,=r,=r,=r,r", [packed],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+        # (i, a, b) -> nibble 2 a + b of int16 i
+        w = tl.join(tl.join(n0, n2), tl.join(n1, n3))
+        w = tl.reshape(w, (packed.shape[0], packed.shape[1] * 4))
+    else:
+        shifts = tl.arange(0, 4) * 4
+        nibbles = (packed.to(tl.int32)[:, :, None] >> shifts[None, None, :]) & 0xF
+        w = tl.reshape(nibbles - 8, (packed.shape[0], packed.shape[1] * 4)).to(tl.float32)
+    return w.to(DOT_DTYPE)
+
+
+@triton.jit
+def _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n, N,
+                   GROUP_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """(W[group, offs_n, :] @ a_t) * s[group, offs_n]: one group's scaled fp32 partial,
+    [BLOCK_N, BLOCK_M]. q_ptr is int16, GROUP_K / 4 per column and group."""
+    halves = tl.arange(0, GROUP_K // 4)
+    column = (group * N + offs_n).to(tl.int64) * (GROUP_K // 4)
+    packed = tl.load(q_ptr + q_base + column[:, None] + halves[None, :], mask=live_n[:, None], other=0)
+    w = _unpack(packed, MAGIC, DOT_DTYPE)
+    scale = tl.load(s_ptr + s_base + group * N + offs_n, mask=live_n, other=0.0).to(tl.float32)
+    return tl.dot(w, a_t) * scale[:, None]
+
+
+@triton.jit
+def _activation_t(a_ptr, a_scale_ptr, expert, offs_m, live_m, k0, max_m, K, scale_stride_e,
+                  scale_stride_m, scale_stride_g, inv_in_scale, fp8_max, GROUP_K: tl.constexpr,
+                  GROUP_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """[GROUP_K, BLOCK_M]: rows offs_m as per-tensor FP8 values, transposed, in DOT_DTYPE (exact).
+    GROUP_SCALED: the rows are per-token-group FP8, requantized here as triton_kernels does."""
+    offs_k = k0 + tl.arange(0, GROUP_K)
+    rows = expert.to(tl.int64) * max_m + offs_m
+    a = tl.load(a_ptr + rows[None, :] * K + offs_k[:, None], mask=live_m[None, :], other=0.0)
+    if GROUP_SCALED:
+        scale_row = expert.to(tl.int64) * scale_stride_e + offs_m.to(tl.int64) * scale_stride_m
+        scale = tl.load(a_scale_ptr + scale_row + (k0 // GROUP_K) * scale_stride_g, mask=live_m,
+                        other=0.0)
+        a = _requant(a.to(tl.float32) * scale[None, :], inv_in_scale, fp8_max, a_ptr.dtype.element_ty)
+    if a_ptr.dtype.element_ty != DOT_DTYPE:
+        a = a.to(tl.float32).to(DOT_DTYPE)
+    return a
+
+
+@triton.jit
+def _tile_offsets(slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_N, BLOCK_M] offsets of workspace slot `slot` (one fp32 accumulator tile)."""
+    local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    return slot.to(tl.int64) * (BLOCK_N * BLOCK_M) + local
+
+
+@triton.jit
+def _publish(ws_ptr, slot, acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Add this K split's fp32 partial sums into the tile's workspace slot."""
+    tl.atomic_add(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), acc, sem="relaxed")
+
+
+@triton.jit
+def _arrive(counter_ptr, tile, parts):
+    """Count this K split in; True for the last of `parts` to arrive, which then owns the sums."""
+    tl.debug_barrier()  # every thread's partial sums are issued before the count is
+    return tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == parts - 1
+
+
+@triton.jit
+def _collect(ws_ptr, slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The summed tile, read from L2 where the atomics landed."""
+    return tl.load(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), cache_modifier=".cg")
+
+
+@triton.jit
+def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr,
+                             out_scale_ptr, h_ptr, ws_ptr, counter_ptr, split_blocks, max_m, hidden,
+                             inter, weight_rows, scale_stride_e, scale_stride_m, scale_stride_g,
+                             fp8_max, swiglu_alpha, swiglu_limit,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr,
+                             SPLIT_K: tl.constexpr, ACTIVATION: tl.constexpr,
+                             GROUP_SCALED: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """h[e, r, n] = fp8(clamp(act(x[e, r] @ W13_e)[n] * (1 / s2))) for r < masked_m[e], n < inter.
+    grid = (inter / BLOCK_N * SPLIT_K, m-programs, experts).
+
+    SPLIT_K > 1 splits K over that many programs for the m-blocks below split_blocks (each
+    m-program's first): each adds its fp32 partials into a zeroed workspace slot (2 per tile: gate,
+    up) and counts itself in; the last to arrive applies the epilogue to the sums. Later m-blocks
+    (a hot expert's) are walked by split 0 alone over all of K."""
+    n_block = tl.program_id(0) // SPLIT_K
+    split = tl.program_id(0) % SPLIT_K
+    n_blocks = tl.num_programs(0) // SPLIT_K
+    groups = hidden // GROUP_K
+    m_program = tl.program_id(1)
+    expert = tl.program_id(2)
+    rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
+    in_scale = tl.load(in_scale_ptr).to(tl.float32)
+    inv_in_scale = tl.math.div_rn(1.0, in_scale)
+    inv_out_scale = tl.math.div_rn(1.0, tl.load(out_scale_ptr).to(tl.float32))
+    q_base = expert.to(tl.int64) * weight_rows * (hidden // 4)
+    s_base = expert.to(tl.int64) * (hidden // GROUP_K) * weight_rows
+    offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    live_n = offs_n < inter
+    for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        live_m = offs_m < rows
+        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        if split < parts:
+            gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
+                a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K,
+                                    max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g,
+                                    inv_in_scale, fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
+                gate += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                       weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+                if ACTIVATION != 2:  # gated: the up columns are [inter, 2 inter)
+                    up += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter,
+                                         live_n, weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+            last = parts == 1
+            if SPLIT_K > 1:
+                if parts > 1:
+                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    _publish(ws_ptr, 2 * tile, gate, BLOCK_N, BLOCK_M)
+                    _publish(ws_ptr, 2 * tile + 1, up, BLOCK_N, BLOCK_M)
+                    last = _arrive(counter_ptr, tile, parts)
+                    if last:
+                        gate = _collect(ws_ptr, 2 * tile, BLOCK_N, BLOCK_M)
+                        up = _collect(ws_ptr, 2 * tile + 1, BLOCK_N, BLOCK_M)
+            if last:
+                act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
+                h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
+                out_rows = expert.to(tl.int64) * max_m + offs_m
+                tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h,
+                         mask=live_m[None, :] & live_n[:, None])
+
+
+@triton.jit
+def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, out_ptr, ws_ptr,
+                             counter_ptr, split_blocks, max_m, inter, hidden, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                             MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """out[e, r, n] = bf16((h[e, r] @ W2_e)[n] * s2) for r < masked_m[e].
+    grid = (hidden / BLOCK_N * SPLIT_K, m-programs, experts); SPLIT_K as in GEMM 1, one
+    workspace slot per tile."""
+    n_block = tl.program_id(0) // SPLIT_K
+    split = tl.program_id(0) % SPLIT_K
+    n_blocks = tl.num_programs(0) // SPLIT_K
+    groups = inter // GROUP_K
+    m_program = tl.program_id(1)
+    expert = tl.program_id(2)
+    rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
+    in_scale = tl.load(in_scale_ptr).to(tl.float32)
+    q_base = expert.to(tl.int64) * hidden * (inter // 4)
+    s_base = expert.to(tl.int64) * (inter // GROUP_K) * hidden
+    offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    live_n = offs_n < hidden
+    for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        live_m = offs_m < rows
+        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        if split < parts:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for group in range(split * groups // parts, (split + 1) * groups // parts):
+                a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
+                                    inter, 0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
+                acc += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                      hidden, GROUP_K, MAGIC, DOT_DTYPE)
+            last = parts == 1
+            if SPLIT_K > 1:
+                if parts > 1:
+                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    _publish(ws_ptr, tile, acc, BLOCK_N, BLOCK_M)
+                    last = _arrive(counter_ptr, tile, parts)
+                    if last:
+                        acc = _collect(ws_ptr, tile, BLOCK_N, BLOCK_M)
+            if last:
+                out_rows = expert.to(tl.int64) * max_m + offs_m
+                tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None],
+                         (acc * in_scale).to(tl.bfloat16), mask=live_m[None, :] & live_n[:, None])
+
+
+def grid(m_programs: int, n: int, block_n: int, experts: int, split_k: int = 1) -> tuple:
+    return (triton.cdiv(n, block_n) * split_k, m_programs, experts)
+
+
+def workspace_slots(experts: int, m_programs: int, n: int, block_n: int, accumulators: int) -> int:
+    """Workspace tiles of a split-K launch: one per (expert, first-round m-block, n-block) and
+    accumulator; the counters are one per tile without the accumulator factor."""
+    return experts * m_programs * triton.cdiv(n, block_n) * accumulators
