@@ -214,9 +214,10 @@ def moe_gemm_kernel(
     else:
         blocks = tl.num_programs(0) // tiles_n
         first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
-        group_size = tl.minimum(blocks - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_size
-        pid_n = (pid % (GROUP_M * tiles_n)) // group_size
+        # Not `group_size`: that argument is int4's quantization group, read by every K step.
+        blocks_in_group = tl.minimum(blocks - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % blocks_in_group
+        pid_n = (pid % (GROUP_M * tiles_n)) // blocks_in_group
     if PER_ROUTE:
         expert = local_expert(topk_ids_ptr, expert_map_ptr, pid_m, num_routes, num_experts, LOCAL_EXPERTS,
                               HAS_MAP)
