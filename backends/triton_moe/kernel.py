@@ -114,9 +114,10 @@ class TritonMoEKernel(MoEKernel):
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
         (values built from bit patterns and two plain dots; the only one with fp32 dots).
         gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
-        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too. swap_ab
-        forces the operand order of dequantized weights (the rule swaps on Hopper). grouped_n=False
-        walks each block's N tiles in turn at prefill too (the rule groups blocks)."""
+        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too.
+        swap_ab=True puts dequantized weights first in the dot (the rule does not: measured slower
+        on the H200). grouped_n=False walks each block's N tiles in turn at prefill too (the rule
+        groups blocks)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32

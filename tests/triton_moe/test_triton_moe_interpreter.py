@@ -154,7 +154,7 @@ def test_prefill_tiles(fmt, H, I, oracle, weights_for):
 
 @pytest.mark.parametrize("M", [5, 130])  # decode and prefill tiles
 def test_fp8_swap_ab(M, oracle, weights_for):
-    """fp8 w8a16 with the weights as the dot's first operand (the rule's choice on Hopper)."""
+    """fp8 w8a16 with the weights as the dot's first operand (on request only)."""
     spec = small_spec("fp8_block128", "swiglu_oai", bias=True, ep=True, experts=4, H=200, I=136)
     kernel = TritonMoEKernel(spec, CPU, swap_ab=True)
     assert kernel.plan(M).config.gemm1.swap_ab
