@@ -4,7 +4,7 @@ one process, on the same inputs: per-token-group FP8 [E, max_m, K] -> per-tensor
 
     python benchmarks/requant_peer.py [--peer FILE.py] [--hidden 4096,7168] [--experts 8,...,512]
         [--rows 1,...,512] [--patterns uniform,hot16,half_empty] [--expected given,none]
-        [--candidates] [--iters 7] [--budget-s S] [--json FILE]
+        [--candidates] [--alternatives] [--exactness N] [--iters 7] [--budget-s S] [--json FILE]
     TRITON_INTERPRET=1 python benchmarks/requant_peer.py --device cpu --hidden 1024 --experts 4
         --rows 1,3 (a check of the harness on CPU: the interpreter's figures mean nothing)
 
@@ -27,7 +27,9 @@ and explicit geometries must match exactly (the run fails otherwise); the peer's
 counted and reported.
 
 --candidates also times explicit geometries (m-grid 1-32, the rule's row cap and none, both tile
-widths) at every point: the data behind the rule in backends/requant/tuning.py."""
+widths) at every point; --alternatives the rule's geometry with its cache hints and its row pairing
+the other way: the data behind the rule in backends/requant/tuning.py. --exactness N compares the
+bytes of both sides with the reference at N output scales before the sweep."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import statistics
 import sys
 import time
 
+import attrs
 import torch
 
 from backends.reference.ops import requant_fp8
@@ -179,10 +182,22 @@ def candidate_geometries(num_groups: int, experts: int, expected, max_m: int, ru
             found[(rule.g_block, m, max(min(cap, max_m), min(m, max_m)))] = True
     for g in widths:
         found[(g, rule.m_grid, min(rule.row_cap, max_m))] = True
-    return {f"g{g} m{m} cap{cap}": RequantGeometry(g, m, cap) for g, m, cap in found}
+    return {f"g{g} m{m} cap{cap}": RequantGeometry(g, m, cap, rule.streaming, rule.paired)
+            for g, m, cap in found}
 
 
-def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, iters, device):
+def alternatives(rule) -> dict:
+    """The rule's geometry with its cache hints, its row pairing or both the other way."""
+    found = {}
+    for streaming, paired in ((not rule.streaming, rule.paired), (rule.streaming, not rule.paired),
+                              (not rule.streaming, not rule.paired)):
+        found[f"rule s{int(streaming)} p{int(paired)}"] = attrs.evolve(rule, streaming=streaming,
+                                                                     paired=paired)
+    return found
+
+
+def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, others, iters,
+              device):
     masked = rows_of(pattern, experts, rows)
     made = input_sets(hidden, masked, device)
     if made is None:
@@ -211,6 +226,9 @@ def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, i
         for name, geometry in candidate_geometries(groups, experts, expected, max_m, rule,
                                                    peer_rule).items():
             launches[name] = ours(geometry)
+    if others:
+        for name, geometry in alternatives(rule).items():
+            launches[name] = ours(geometry)
     # One output per set, shared by the sides; each side's bytes are checked on a fresh poison.
     outs = [poisoned_like(s[0]) for s in sets]
     sides = {name: [lambda f=f, s=s, o=o: f(s, o) for s, o in zip(sets, outs, strict=True)]
@@ -222,7 +240,8 @@ def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, i
         f(sets[0], outs[0])
         errors[name] = byte_errors(outs[0], ref, m0)
     return dict(hidden=hidden, experts=experts, rows=rows, pattern=pattern, expected=expected,
-                max_m=max_m, sets=len(sets), live_bytes=live, rule=list(rule), peer_rule=peer_rule,
+                max_m=max_m, sets=len(sets), live_bytes=live, rule=list(rule),
+                streaming=rule.streaming, paired=rule.paired, peer_rule=peer_rule,
                 us={name: s * 1e6 for name, s in seconds.items()}, byte_errors=errors,
                 elements=sum(masked) * hidden)
 
@@ -256,6 +275,11 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--expected", default="given,none", help="given, none or both")
     parser.add_argument("--candidates", action="store_true", help="also time explicit geometries")
+    parser.add_argument("--alternatives", action="store_true",
+                        help="also time the rule's geometry with its cache hints and row pairing flipped")
+    parser.add_argument("--exactness", type=int, default=0, metavar="N",
+                        help="first compare the bytes at N output scales in [0.005, 0.05] (8 experts x "
+                             "64 rows x 7168) with the reference, ours and the peer's")
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="start no new point after this many seconds")
@@ -287,7 +311,35 @@ def main(argv=None) -> int:
     return sweep(args, patterns, modes, peer, deadline)
 
 
+def exactness(peer, count: int, device: str) -> None:
+    """Bytes against the reference over output scales log-spaced in [0.005, 0.05]."""
+    experts, rows, hidden = 8, 64, 7168
+    x, x_scale, masked_m = random_masked_inputs(experts, hidden, rows, [rows] * experts, seed=5,
+                                                device=device)
+    sides = {"tuned": lambda s, o: fp8_per_token_to_per_tensor(x, x_scale, masked_m, s, out=o,
+                                                               expected_rows=rows + 1)}
+    if peer is not None:
+        sides["peer"] = lambda s, o: peer.fp8_per_token_to_per_tensor_quant_triton(
+            x, x_scale, masked_m, s, o, expected_rows=rows + 1)
+    off = {name: [0, 0] for name in sides}  # scales with any byte off, bytes off
+    for i in range(count):
+        value = 0.005 * 10 ** (i / max(count - 1, 1))
+        scale = torch.tensor([value], device=device)
+        ref = requant_fp8(x, x_scale, masked_m, scale, poisoned_like(x))
+        for name, side in sides.items():
+            out = poisoned_like(x)
+            side(scale, out)
+            bad = byte_errors(out, ref, masked_m)
+            off[name][0] += bad > 0
+            off[name][1] += bad
+    for name, (scales, wrong) in off.items():
+        print(f"# exactness {name}: {scales} of {count} output scales in [0.005, 0.05] off the "
+              f"reference, {wrong} of {count * experts * rows * hidden} bytes", flush=True)
+
+
 def sweep(args, patterns, modes, peer, deadline) -> int:
+    if args.exactness:
+        exactness(peer, args.exactness, args.device)
     sink = open(args.json, "a") if args.json else None
     points, failed = [], False
     for hidden in args.hidden:
@@ -299,7 +351,7 @@ def sweep(args, patterns, modes, peer, deadline) -> int:
                             print("# time budget spent: the remaining points were not run", flush=True)
                             return finish(points, peer, sink, failed)
                         p = run_point(hidden, experts, rows, pattern, mode, peer, args.candidates,
-                                      args.iters, args.device)
+                                      args.alternatives, args.iters, args.device)
                         if p is None:
                             print(f"# skip K {hidden} E {experts} rows {rows} {pattern}: one input set "
                                   f"over {MAX_SET_BYTES >> 30} GiB", flush=True)
