@@ -113,9 +113,11 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
     else:
         row_cap = min(max(tuning.ROW_CAP_SLACK * expected_rows, m_grid), max_rows)
     estimate = max_rows if expected_rows is None else min(expected_rows, max_rows)
-    return RequantGeometry(g_block, m_grid, row_cap,
-                           streaming=streams(num_experts, estimate, num_groups, group_size),
-                           paired=estimate >= tuning.PAIRED_ROWS_PER_PROGRAM * m_grid)
+    streaming = streams(num_experts, estimate, num_groups, group_size)
+    loops = estimate >= tuning.PAIRED_ROWS_PER_PROGRAM * m_grid
+    paired = loops and (num_experts <= tuning.PAIRED_MAX_EXPERTS
+                        or (expected_rows is not None and not streaming))
+    return RequantGeometry(g_block, m_grid, row_cap, streaming=streaming, paired=paired)
 
 
 def legacy_column_blocks(hidden: int) -> int:

@@ -143,8 +143,13 @@ def test_small_payloads_stream_and_rows_go_two_at_a_time_once_programs_loop():
     assert g.streaming and not g.paired  # 8 x 9 x 7168 B; one row per program
     big = geometry(DSV3_GROUPS, 512, expected_rows=129, max_rows=129)
     assert not big.streaming and big.paired  # 512 x 129 x 7168 B > STREAMING_MAX_BYTES
-    assert geometry(DSV3_GROUPS, 512, expected_rows=9, max_rows=9).paired  # 2 programs, 9 rows
+    assert geometry(DSV3_GROUPS, 8, expected_rows=513, max_rows=1024).paired  # 16 rows a program
     assert not geometry(DSV3_GROUPS, 8, expected_rows=2, max_rows=1).paired  # one row at most
+    # past PAIRED_MAX_EXPERTS only a payload too big to stream, with an estimate, pairs
+    many = tuning.PAIRED_MAX_EXPERTS * 2
+    assert not geometry(DSV3_GROUPS, many, expected_rows=33, max_rows=64).paired
+    assert geometry(DSV3_GROUPS, 512, expected_rows=513, max_rows=1024).paired
+    assert not geometry(DSV3_GROUPS, 512, max_rows=1024).paired
     edge = tuning.STREAMING_MAX_BYTES // (DSV3_GROUPS * tuning.GROUP_SIZE)
     assert geometry(DSV3_GROUPS, 1, expected_rows=edge, max_rows=edge).streaming
     assert not geometry(DSV3_GROUPS, 1, expected_rows=edge + 1, max_rows=edge + 1).streaming
