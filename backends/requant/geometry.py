@@ -15,16 +15,20 @@ from backends.requant import tuning
 class RequantGeometry:
     """How the tuned kernel is launched.
 
-    g_block  scale groups per tile: a tile is [g_block, group_size] elements of one row
-    m_grid   programs per expert along the row axis
-    row_cap  rows per expert handled by that expert's programs; rows at or beyond it are shared by
-             every program in a second phase. A cap >= the payload's rows means no second phase.
+    g_block    scale groups per tile: a tile is [g_block, group_size] elements of one row
+    m_grid     programs per expert along the row axis
+    row_cap    rows per expert handled by that expert's programs; rows at or beyond it are shared by
+               every program in a second phase. A cap >= the payload's rows means no second phase.
+    streaming  loads evict-first and stores cache-streaming (.cs): what a small payload gains
+    paired     a program's rows two at a time, both rows' loads in flight together
 
-    Unpacks as the tuple (g_block, m_grid, row_cap)."""
+    Unpacks as the tuple (g_block, m_grid, row_cap); streaming and paired never change the bytes."""
 
     g_block: int
     m_grid: int
     row_cap: int
+    streaming: bool = False
+    paired: bool = False
 
     def __iter__(self):
         return iter((self.g_block, self.m_grid, self.row_cap))
@@ -60,22 +64,31 @@ def tile_groups(num_groups: int, num_experts: int, group_size: int, warp_size: i
     return min(pow2_floor(groups), pow2_floor(num_groups))
 
 
-def m_grid_for(num_experts: int, expected_rows: Optional[int], column_blocks: int) -> int:
-    """Programs per expert along rows. The dispatcher reports (rows + E) // E, one high at exact
-    averages, so the estimate is rounded down to a power of two: rounding up would double the grid
-    at every power of two. A grid small enough to be resident at once gets more programs per
-    expected row (RESIDENT_PROGRAMS_PER_ROW), so a hot expert's rows spread over them."""
-    if expected_rows is None:
-        return tuning.M_GRID_MAX
-    rows = pow2_floor(max(expected_rows, 1))
+def m_grid_for(num_experts: int, expected_rows: Optional[int], column_blocks: int,
+               max_rows: int) -> int:
+    """Programs per expert along rows. The estimate is the dispatcher's rows per expert, reported
+    as (rows + E) // E, one high at exact averages, so it is rounded down to a power of two
+    (rounding up would double the grid at every power of two); without one, the rows the payload
+    holds per expert (max_rows) bound every expert's rows and stand in for it. Never more programs
+    than an expert can have rows."""
+    estimate = max_rows if expected_rows is None else expected_rows
+    rows = pow2_floor(max(estimate, 1))
     m_grid = min(max(rows, tuning.M_GRID_MIN), tuning.M_GRID_MAX)
     if rows < tuning.SCARCE_ROWS_BELOW:
         budget = pow2_floor(max(tuning.SCARCE_PROGRAM_BUDGET // num_experts, 1))
-        m_grid = min(m_grid, max(budget, tuning.M_GRID_MIN))
-    if num_experts * tuning.M_GRID_MAX * column_blocks <= tuning.ONE_WAVE_PROGRAMS:
-        resident = max(tuning.RESIDENT_PROGRAMS_PER_ROW * rows, tuning.RESIDENT_M_GRID_MIN)
-        m_grid = max(m_grid, min(resident, tuning.M_GRID_MAX))
-    return m_grid
+        m_grid = min(m_grid, max(budget, rows // tuning.SCARCE_ROWS_PER_PROGRAM))
+    resident = pow2_floor(max(tuning.ONE_WAVE_PROGRAMS // (num_experts * column_blocks), 1))
+    if expected_rows is not None and resident > m_grid:
+        # Programs that fit in the one wave cost nothing while they wait: a hot expert's rows
+        # spread over them.
+        wanted = max(tuning.RESIDENT_PROGRAMS_PER_ROW * rows, tuning.RESIDENT_M_GRID_MIN)
+        m_grid = max(m_grid, min(wanted, tuning.M_GRID_MAX, resident))
+    return max(1, min(m_grid, max_rows))
+
+
+def streams(num_experts: int, estimate: int, num_groups: int, group_size: int) -> bool:
+    """Cache hints pay while the payload is small: its live FP8 bytes (one way) at the estimate."""
+    return num_experts * estimate * num_groups * group_size * tuning.FP8_BYTES <= tuning.STREAMING_MAX_BYTES
 
 
 def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int = tuning.GROUP_SIZE,
@@ -84,8 +97,8 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
     """The tuned launch for a payload of `num_groups` scale groups per row over `num_experts`
     experts of at most `max_rows` rows, on a GPU of `warp_size` lanes.
 
-    expected_rows is the host's rows-per-expert estimate, as the dispatcher reports it; None keeps
-    the legacy m-grid of 32 and no cap (row_cap = max_rows)."""
+    expected_rows is the host's rows-per-expert estimate, as the dispatcher reports it; None sizes
+    the grid from max_rows and puts no cap (row_cap = max_rows)."""
     _need_int("num_groups", num_groups, 1)
     _need_int("num_experts", num_experts, 1)
     _need_int("group_size", group_size, 1)
@@ -94,12 +107,17 @@ def requant_launch_geometry(num_groups: int, num_experts: int, group_size: int =
     if expected_rows is not None:
         _need_int("expected_rows", expected_rows, 0)
     g_block = tile_groups(num_groups, num_experts, group_size, warp_size)
-    m_grid = m_grid_for(num_experts, expected_rows, -(-num_groups // g_block))
+    m_grid = m_grid_for(num_experts, expected_rows, -(-num_groups // g_block), max_rows)
     if expected_rows is None or num_experts > tuning.OVERFLOW_MAX_EXPERTS:
         row_cap = max_rows
     else:
         row_cap = min(max(tuning.ROW_CAP_SLACK * expected_rows, m_grid), max_rows)
-    return RequantGeometry(g_block, m_grid, row_cap)
+    estimate = max_rows if expected_rows is None else min(expected_rows, max_rows)
+    streaming = streams(num_experts, estimate, num_groups, group_size)
+    loops = estimate >= tuning.PAIRED_ROWS_PER_PROGRAM * m_grid
+    paired = loops and (num_experts <= tuning.PAIRED_MAX_EXPERTS
+                        or (expected_rows is not None and not streaming))
+    return RequantGeometry(g_block, m_grid, row_cap, streaming=streaming, paired=paired)
 
 
 def legacy_column_blocks(hidden: int) -> int:

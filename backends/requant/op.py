@@ -90,5 +90,6 @@ def fp8_per_token_to_per_tensor(x: torch.Tensor, x_scale: torch.Tensor, masked_m
         HAS_OVERFLOW=overflow,
         # Without a second phase the expert count must not force a recompile per model.
         EXPERTS_POW2=triton_kernels.experts_pow2(num_experts) if overflow else 1,
-        num_warps=launch.num_warps)
+        HAS_TAIL=num_groups % launch.g_block != 0, STREAMING=launch.streaming,
+        PAIRED=launch.paired, num_warps=launch.num_warps)
     return out

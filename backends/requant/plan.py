@@ -28,6 +28,8 @@ class RequantPlan:
     m_grid: int
     row_cap: int
     second_phase: bool
+    streaming: bool
+    paired: bool
     column_blocks: int
     num_warps: int
     bytes_per_lane: float
@@ -50,7 +52,9 @@ class RequantPlan:
                     f"at warp size {self.warp_size})")
             cap = (f"rows >= {self.row_cap} of any expert shared by all programs in a second phase"
                    if self.second_phase else "no second phase (row cap >= max_m)")
-            rows = f"m-grid {self.m_grid} (expected rows {self.expected_rows}), {cap}"
+            moves = ("evict-first loads, streaming stores" if self.streaming
+                     else "default cache policy") + (", rows two at a time" if self.paired else "")
+            rows = f"m-grid {self.m_grid} (expected rows {self.expected_rows}), {cap}; {moves}"
         return (f"requant {self.variant}: {tile}; {rows}; grid {self.column_blocks} x {self.m_grid} x "
                 f"{self.num_experts} = {self.programs} programs; output {self.fp8_dtype} "
                 f"(warp size and FP8 from {self.traits_source})")
@@ -63,7 +67,7 @@ def requant_plan(variant: str, hidden: int, num_experts: int, max_m: int,
         lanes = tuning.LEGACY_WARPS * traits.warp_size
         return RequantPlan("legacy", hidden, num_experts, max_m, expected_rows,
                            tuning.LEGACY_TILE_ELEMENTS, None, tuning.LEGACY_M_GRID, max_m, False,
-                           legacy_column_blocks(hidden), tuning.LEGACY_WARPS,
+                           False, False, legacy_column_blocks(hidden), tuning.LEGACY_WARPS,
                            tuning.LEGACY_TILE_ELEMENTS * tuning.FP8_BYTES / lanes, traits.warp_size,
                            fp8, traits.source)
     groups = hidden // tuning.GROUP_SIZE
@@ -72,7 +76,8 @@ def requant_plan(variant: str, hidden: int, num_experts: int, max_m: int,
     tile = geometry.g_block * tuning.GROUP_SIZE
     return RequantPlan("tuned", hidden, num_experts, max_m, expected_rows, tile, geometry.g_block,
                        geometry.m_grid, geometry.row_cap, geometry.has_overflow(max_m),
-                       geometry.column_blocks(groups), geometry.num_warps,
+                       geometry.streaming, geometry.paired, geometry.column_blocks(groups),
+                       geometry.num_warps,
                        tile * tuning.FP8_BYTES / (geometry.num_warps * traits.warp_size),
                        traits.warp_size, fp8, traits.source)
 

@@ -34,22 +34,76 @@ def _live_rows(masked_m, max_m):
 
 
 @triton.jit
-def _requant_row(x_ptr, scale_ptr, out_ptr, expert, row, max_m, hidden, num_groups, column_block,
-                 scale_stride_e, scale_stride_m, scale_stride_g, inv_output_scale, fp8_max,
-                 G_BLOCK: tl.constexpr, GROUP: tl.constexpr):
-    """One tile of one row: G_BLOCK whole scale groups, one scale load per group. Both phases of
-    the tuned kernel call this, so a row's bytes do not depend on which phase wrote it."""
+def _load(ptr, mask, MASKED: tl.constexpr, STREAMING: tl.constexpr):
+    """STREAMING: read once, so the line is the first the L2 gives up."""
+    if MASKED:
+        if STREAMING:
+            values = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+        else:
+            values = tl.load(ptr, mask=mask, other=0.0)
+    else:
+        if STREAMING:
+            values = tl.load(ptr, eviction_policy="evict_first")
+        else:
+            values = tl.load(ptr)
+    return values
+
+
+@triton.jit
+def _store(ptr, values, mask, MASKED: tl.constexpr, STREAMING: tl.constexpr):
+    """STREAMING: a cache-streaming store (.cs), the output is not read again by this kernel."""
+    if MASKED:
+        if STREAMING:
+            tl.store(ptr, values, mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(ptr, values, mask=mask)
+    else:
+        if STREAMING:
+            tl.store(ptr, values, cache_modifier=".cs")
+        else:
+            tl.store(ptr, values)
+
+
+@triton.jit
+def _tile_offsets(expert, row, max_m, hidden, column_block, scale_stride_e, scale_stride_m,
+                  scale_stride_g, G_BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """Element offsets of one row's [G_BLOCK, GROUP] tile, its scale offsets, its group indices."""
     groups = column_block * G_BLOCK + tl.arange(0, G_BLOCK)
-    live = groups < num_groups
     columns = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    mask = live[:, None]  # constant along a group, so the 128 bytes of a group stay one vector
     # int64: E x max_m x hidden passes 2**31 elements at 512 experts x 1024 rows x 7168.
     row_start = (expert.to(tl.int64) * max_m + row) * hidden
-    x = tl.load(x_ptr + row_start + columns, mask=mask, other=0.0)
     scale_row = expert.to(tl.int64) * scale_stride_e + tl.cast(row, tl.int64) * scale_stride_m
-    scale = tl.load(scale_ptr + scale_row + groups * scale_stride_g, mask=live, other=0.0)
+    return row_start + columns, scale_row + groups * scale_stride_g, groups
+
+
+@triton.jit
+def _requant_rows(x_ptr, scale_ptr, out_ptr, expert, row, limit, row_step, max_m, hidden,
+                  num_groups, column_block, scale_stride_e, scale_stride_m, scale_stride_g,
+                  inv_output_scale, fp8_max, G_BLOCK: tl.constexpr, GROUP: tl.constexpr,
+                  HAS_TAIL: tl.constexpr, STREAMING: tl.constexpr, PAIRED: tl.constexpr):
+    """One tile of row `row` (G_BLOCK whole scale groups, one scale load per group) and, PAIRED,
+    of row `row + row_step` if it is below `limit`: both rows' loads are issued before
+    either is used, so two rows are in flight. Both phases of the tuned kernel call this, so a
+    row's bytes do not depend on which phase or pairing wrote it."""
+    x_offsets, scale_offsets, groups = _tile_offsets(
+        expert, row, max_m, hidden, column_block, scale_stride_e, scale_stride_m, scale_stride_g,
+        G_BLOCK, GROUP)
+    live = groups < num_groups  # constant along a group, so the 128 bytes of a group stay one vector
+    x = _load(x_ptr + x_offsets, live[:, None], HAS_TAIL, STREAMING)
+    scale = _load(scale_ptr + scale_offsets, live, HAS_TAIL, STREAMING)
+    if PAIRED:
+        x2_offsets, scale2_offsets, _ = _tile_offsets(
+            expert, row + row_step, max_m, hidden, column_block, scale_stride_e, scale_stride_m,
+            scale_stride_g, G_BLOCK, GROUP)
+        # The row test as a vector along the groups: Triton's interpreter rejects a scalar mask.
+        live2 = live & ((groups * 0 + row + row_step) < limit)
+        x2 = _load(x_ptr + x2_offsets, live2[:, None], True, STREAMING)
+        scale2 = _load(scale_ptr + scale2_offsets, live2, True, STREAMING)
     y = _requant_values(x, scale[:, None], inv_output_scale, fp8_max)
-    tl.store(out_ptr + row_start + columns, y.to(out_ptr.dtype.element_ty), mask=mask)
+    _store(out_ptr + x_offsets, y.to(out_ptr.dtype.element_ty), live[:, None], HAS_TAIL, STREAMING)
+    if PAIRED:
+        y2 = _requant_values(x2, scale2[:, None], inv_output_scale, fp8_max)
+        _store(out_ptr + x2_offsets, y2.to(out_ptr.dtype.element_ty), live2[:, None], True, STREAMING)
 
 
 @triton.jit
@@ -57,14 +111,18 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
                          num_experts, max_m, hidden, num_groups, row_cap,
                          scale_stride_e, scale_stride_m, scale_stride_g, fp8_max,
                          G_BLOCK: tl.constexpr, GROUP: tl.constexpr, HAS_OVERFLOW: tl.constexpr,
-                         EXPERTS_POW2: tl.constexpr):
+                         EXPERTS_POW2: tl.constexpr, HAS_TAIL: tl.constexpr,
+                         STREAMING: tl.constexpr, PAIRED: tl.constexpr):
     """grid = (column blocks, m_grid, experts).
 
-    Phase 1: program (c, p, e) requantizes rows p, p + m_grid, ... below min(masked_m[e], row_cap).
+    Phase 1: program (c, p, e) requantizes rows p, p + m_grid, ... below min(masked_m[e], row_cap),
+    two at a time when PAIRED.
     Phase 2 (HAS_OVERFLOW): the rows at or beyond row_cap, over all experts, form one flat list
     ordered by expert; the m_grid x experts programs of column block c share it round-robin, last
     m-programs first, and a flat index f goes back to (expert, row) through the prefix sum of
-    per-expert overflow counts."""
+    per-expert overflow counts.
+    HAS_TAIL: the last column block is partial (num_groups % G_BLOCK), so group masks are needed.
+    STREAMING: evict-first loads and cache-streaming stores."""
     column_block = tl.program_id(0)
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
@@ -77,10 +135,18 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
     rows = _live_rows(tl.load(masked_m_ptr + expert), max_m)
     inv_output_scale = _inverse_output_scale(output_scale_ptr)
 
-    for row in tl.range(m_program, tl.minimum(rows, row_cap), m_grid):
-        _requant_row(x_ptr, scale_ptr, out_ptr, expert, row, max_m, hidden, num_groups,
-                     column_block, scale_stride_e, scale_stride_m, scale_stride_g,
-                     inv_output_scale, fp8_max, G_BLOCK, GROUP)
+    limit = tl.minimum(rows, row_cap)
+    if PAIRED:
+        for row in tl.range(m_program, limit, 2 * m_grid):
+            _requant_rows(x_ptr, scale_ptr, out_ptr, expert, row, limit, m_grid,
+                          max_m, hidden, num_groups, column_block, scale_stride_e, scale_stride_m,
+                          scale_stride_g, inv_output_scale, fp8_max, G_BLOCK, GROUP, HAS_TAIL,
+                          STREAMING, True)
+    else:
+        for row in tl.range(m_program, limit, m_grid):
+            _requant_rows(x_ptr, scale_ptr, out_ptr, expert, row, limit, 0, max_m, hidden,
+                          num_groups, column_block, scale_stride_e, scale_stride_m, scale_stride_g,
+                          inv_output_scale, fp8_max, G_BLOCK, GROUP, HAS_TAIL, STREAMING, False)
 
     if HAS_OVERFLOW:
         overflow = tl.maximum(all_rows - row_cap, 0)
@@ -96,10 +162,10 @@ def requant_tuned_kernel(x_ptr, scale_ptr, masked_m_ptr, output_scale_ptr, out_p
                 before = ends <= flat  # experts whose overflow rows all come before `flat`
                 owner = tl.sum(before.to(tl.int32), 0)
                 owner_start = tl.max(tl.where(before, ends, 0), 0)
-                _requant_row(x_ptr, scale_ptr, out_ptr, owner, row_cap + (flat - owner_start),
-                             max_m, hidden, num_groups, column_block, scale_stride_e,
-                             scale_stride_m, scale_stride_g, inv_output_scale, fp8_max, G_BLOCK,
-                             GROUP)
+                _requant_rows(x_ptr, scale_ptr, out_ptr, owner, row_cap + (flat - owner_start),
+                              max_m, 0, max_m, hidden, num_groups, column_block, scale_stride_e,
+                              scale_stride_m, scale_stride_g, inv_output_scale, fp8_max, G_BLOCK,
+                              GROUP, HAS_TAIL, STREAMING, False)
 
 
 @triton.jit

@@ -27,34 +27,67 @@ BYTES_PER_LANE_NARROW = 8
 WIDE_TILE_MIN_EXPERTS = 32
 
 # --- the m-grid: programs per expert along the row axis ------------------------------------------
+# (Figures below: H200, 7168 columns, `benchmarks/requant_peer.py --candidates`, 2026-12-02, on the
+# kernel before its cache hints and row pairs.)
 
-# programs per expert, lower bound: one program per expert would serialize an expert's rows when
-# the dispatch is a little uneven (several times slower at one row per expert).
+# programs per expert, lower bound (unless the program budget below is smaller): one program per
+# expert would serialize an expert's rows when the dispatch is a little uneven (16 experts, one
+# row each but one expert at 16: 3.28 us at m-grid 2, 2.84 us at 4).
 M_GRID_MIN = 4
 # programs per expert, upper bound: the legacy launch's fixed grid, so no batch launches more
 # programs along the row axis than the legacy launch does.
 M_GRID_MAX = 32
 # expert x row programs per column block while rows are scarce: about 8 resident 4-warp programs
 # on each of an H200's 132 SMs. More programs than this are mostly early exits once there are
-# fewer rows than programs.
+# fewer rows than programs. At 512 experts it is 2 per expert, below M_GRID_MIN: 512 experts x 2
+# rows with one expert at 16x, 7.37 us at m-grid 2 against 8.70 us at 4.
 SCARCE_PROGRAM_BUDGET = 1024
 # rows per expert (as a power of two): below this the full m-grid would give its programs fewer
 # than two rows each, so rows are "scarce" and the program budget above applies. At and above it
 # every program carries rows and the m-grid returns to the legacy 32.
 SCARCE_ROWS_BELOW = 2 * M_GRID_MAX
+# rows per program the scarce budget may leave at most: with more, the budget yields to one
+# program per this many rows (512 experts x 32 rows: 62.20 us at m-grid 8, 62.81 us at 4,
+# 64.75 us at 2; 256 experts x 32 rows: 32.86 us at 8, 33.41 us at 4).
+SCARCE_ROWS_PER_PROGRAM = 4
 
 # programs resident at once: 16 4-warp programs on each of an H200's 132 SMs is 2112, rounded down
 # to a power of two. A grid of at most this many programs (all column blocks) runs in one wave.
 ONE_WAVE_PROGRAMS = 2048
-# programs per expected row in a grid that fits ONE_WAVE_PROGRAMS: resident programs cost nothing
-# while they wait, so such a grid gives a hot expert at up to 4x the average one row per program
-# (up to M_GRID_MAX). Measured on the H200, 8 experts x 7168: 8 rows with one expert at 4x, 3.92 us
-# at m-grid 8, 2.71 us at 32 (legacy 2.86 us); 1 row, all on one expert, 1.92 us at 4, 1.66 us at 8
-# (legacy 1.89 us); 1 row evenly spread, 1.57 us at 4 and 8, 1.91 us at 32.
-RESIDENT_PROGRAMS_PER_ROW = 4
+# programs per expected row while the grid still fits ONE_WAVE_PROGRAMS: resident programs cost
+# nothing while they wait, so a hot expert's rows spread over them (up to M_GRID_MAX, and only as
+# far as the grid stays one wave). With one expert at 16x: 8 experts x 2 rows, 2.32 us at m-grid
+# 16 against 2.67 us at 8 (legacy 2.39 us); x 4 rows, 2.46 us at 32 against 2.86 us at 16;
+# 16 experts x 4 rows, 3.10 us at 16 against 3.94 us at 4 (legacy 3.32 us). Uniform rows lose
+# nothing to the waiting programs: 8 experts x 8 rows, 2.61 us at 8 and 2.62 us at 32.
+RESIDENT_PROGRAMS_PER_ROW = 8
 # programs per expert, lower bound in a resident grid: the m-grid for 1 and 2 expected rows alike,
 # so the dispatcher's one-high report of an average of 1 row does not move it.
-RESIDENT_M_GRID_MIN = 8
+RESIDENT_M_GRID_MIN = 16
+
+# --- how a program moves its rows ------------------------------------------------------------------
+
+# bytes (the live FP8 payload one way, experts x estimated rows x hidden) up to which loads are
+# evict-first and stores cache-streaming. The H200 run behind docs/backends/requant.md timed the
+# rule's launch both ways at every point: with the hints a median 8% faster under 10 us (8 experts x
+# 8 rows x 7168: 2.34 against 2.56 us; 512 experts x 2 rows: 6.20 against 6.72 us), still ahead
+# at 112 MiB (128 experts x 128 rows: 61.39 against 61.71 us), behind from 224 MiB (256 x 128
+# rows: 120.78 against 120.20 us; 512 x 512 rows: 967.15 against 939.74 us).
+STREAMING_MAX_BYTES = 128 << 20
+# expected rows per program from which a program takes its rows two at a time (both rows' loads
+# in flight before either is used): a program that will loop pays one memory round trip per two
+# rows instead of per row (8 experts, every other one empty and 1024 rows on each live one:
+# 20.22 against 24.57 us; 16 experts x 128 rows: 10.08 against 11.04 us).
+PAIRED_ROWS_PER_PROGRAM = 2
+# experts up to which rows are paired at any payload. Above, a pair's registers cost more than
+# the second load in flight gains while the payload is latency-bound (every other expert empty:
+# 256 experts x 64 rows on each live one, 36.99 against 34.51 us; 64 experts x 256 rows, 35.95
+# against 34.81 us), and without an estimate a hot expert's long row loop in a grid of 16K-64K
+# programs is 15-35% slower paired (512 experts x 32 rows, one expert at 16x: 95.95 against
+# 68.74 us): above it only a bandwidth-bound payload (not streaming) with an estimate pairs
+# (512 experts x 512 rows: 939.74 against 948.94 us). Figures of both constants: the measured run
+# of docs/backends/requant.md, the rule's launch with and without pairing.
+PAIRED_MAX_EXPERTS = 32
 
 # --- the row cap and the shared overflow phase ---------------------------------------------------
 

@@ -90,6 +90,24 @@ def test_every_launch_geometry_writes_the_same_bytes(gpu, layout):
         check_against_reference(x, scale, masked_m, out, dtype)
 
 
+@pytest.mark.parametrize("streaming, paired", list(itertools.product((False, True), (False, True))))
+@pytest.mark.parametrize("hidden", [7168, 4096])
+def test_cache_hints_and_row_pairs_write_the_same_bytes(gpu, hidden, streaming, paired):
+    """Both phases, a partial last tile (7168 at 16 groups) and none (4096), odd m-grids."""
+    from backends.requant.device import traits_from_gpu
+    from backends.requant.geometry import RequantGeometry
+    from backends.requant.op import fp8_per_token_to_per_tensor
+
+    dtype = traits_from_gpu(gpu, "test").fp8_dtype
+    x, scale, masked_m = inputs(hidden, "random", "column", seed=hidden + 2 * paired + streaming)
+    s_out = torch.tensor([OUTPUT_SCALE], device="cuda")
+    for g_block, m_grid, row_cap in ((8, 1, MAX_M), (16, 3, 5), (16, 7, 0), (32, 32, 34)):
+        geometry = RequantGeometry(g_block, m_grid, row_cap, streaming=streaming, paired=paired)
+        out = fp8_per_token_to_per_tensor(x, scale, masked_m, s_out, poisoned(x, dtype),
+                                          geometry=geometry)
+        check_against_reference(x, scale, masked_m, out, dtype)
+
+
 def test_many_experts_under_skew_through_the_backend(gpu):
     """256 local experts, one hot expert holding 16x the average: the second phase at scale."""
     import backends.requant as requant

@@ -55,6 +55,17 @@ def test_every_launch_geometry_writes_the_same_bytes(poisoned):
         assert_masked_rows(out, ref, masked_m)
 
 
+def test_cache_hints_and_row_pairs_write_the_same_bytes(poisoned):
+    from backends.requant.geometry import RequantGeometry
+
+    x, scale, masked_m = random_masked_inputs(4, 1152, 9, [9, 0, 2, 5], seed=8)
+    for streaming, paired in itertools.product((False, True), (False, True)):
+        for g_block, m_grid, row_cap in ((8, 1, 9), (2, 3, 1), (16, 2, 0)):
+            geometry = RequantGeometry(g_block, m_grid, row_cap, streaming=streaming, paired=paired)
+            out, ref = run(x, scale, masked_m, poisoned, geometry=geometry)
+            assert_masked_rows(out, ref, masked_m)
+
+
 def test_hot_expert_rows_go_through_the_second_phase(poisoned):
     """Skew: one expert far above the cap, the others at or under it."""
     x, scale, masked_m = random_masked_inputs(6, 256, 24, [24, 1, 0, 2, 1, 3], seed=3)
