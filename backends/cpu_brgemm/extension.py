@@ -35,6 +35,10 @@ def ops(isa: str, sanitizer: Optional[str] = None):
                      MOE_ITEMS_PER_THREAD=policy.ITEMS_PER_THREAD,
                      MOE_BRGEMM_L2_BYTES=policy.BRGEMM_L2_BYTES,
                      MOE_MAX_PANEL_GROUP=policy.MAX_PANEL_GROUP,
-                     MOE_PREFETCH_BYTES=policy.PREFETCH_BYTES),
+                     MOE_PREFETCH_BYTES=policy.PREFETCH_BYTES,
+                     MOE_TINY_ITEM_BYTES=policy.TINY_ITEM_BYTES,
+                     MOE_TINY_ITEMS_PER_THREAD=policy.TINY_ITEMS_PER_THREAD,
+                     MOE_COPY_CHUNK_BYTES=policy.COPY_CHUNK_BYTES,
+                     MOE_SPINS_BEFORE_YIELD=policy.SPINS_BEFORE_YIELD),
         extra_cflags=policy.ISA_CFLAGS[isa] + SANITIZER_CFLAGS.get(sanitizer, ()))
     return getattr(torch.ops, namespace)

@@ -3,6 +3,7 @@ runs each block on BRGEMM or TinyGEMM as its policy says."""
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -100,14 +101,20 @@ class CpuBrgemmKernel(MoEKernel):
                              "machine's capabilities")
         self._host_checked = True
 
-    def _run(self, x, topk_weights, topk_ids, data, out) -> None:
+    @functools.cached_property
+    def _fused_moe(self):
+        """The op and its per-kernel arguments, looked up once: a decode call runs on caches the
+        previous layer's work has evicted, where each lookup on the way to the op is a miss."""
         self._check_host()
         spec = self.spec
-        self.ops.fused_moe(x, topk_weights, topk_ids, data.expert_map, data.w13, data.w13_scale,
-                           data.w2, data.w2_scale, data.b13, data.b2, out,
-                           FORMAT_CODES[spec.weight_format], ACTIVATION_CODES[spec.activation],
-                           float(spec.swiglu_alpha), float(spec.swiglu_limit),
-                           POLICIES.index(self.policy), self.brgemm_supported)
+        return self.ops.fused_moe, (
+            FORMAT_CODES[spec.weight_format], ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
+            float(spec.swiglu_limit), POLICIES.index(self.policy), self.brgemm_supported)
+
+    def _run(self, x, topk_weights, topk_ids, data, out) -> None:
+        op, constants = self._fused_moe
+        op(x, topk_weights, topk_ids, data.expert_map, data.w13, data.w13_scale, data.w2, data.w2_scale,
+           data.b13, data.b2, out, *constants)
 
     def plan(self, topk_ids, expert_map: Optional[torch.Tensor] = None) -> MoEPlan:
         """The expert blocks of a call with these routes and the path of each. Under expert

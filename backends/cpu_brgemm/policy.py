@@ -27,9 +27,24 @@ ITEMS_PER_THREAD = 4
 BRGEMM_L2_BYTES = 3 << 19
 # Upper bound on panels per group (bytes of C scratch per thread grow with it).
 MAX_PANEL_GROUP = 8
+# Weight bytes per TinyGEMM-only work item (consecutive output panels of one expert, gate and up
+# counted together) and the fewest such items per thread a stage keeps. At decode every item streams
+# its panels from DRAM and pays the memory latency at its start; single-panel items (24 KiB for
+# qwen3-30b-a3b's down projection) paid it every few microseconds. Measured on the Emerald Rapids
+# host (16 threads, qwen3-30b-a3b fp8, weights from DRAM): 256 KiB items took a decode call of
+# 1-16 tokens 6-8% below single-panel items (docs/backends/cpu_brgemm.md).
+TINY_ITEM_BYTES = 256 << 10
+TINY_ITEMS_PER_THREAD = 8
+# Bytes of activation rows (gather) or fp32 output rows (reduce) per task of the call's queue: a
+# decode call copies on one thread, a prefill call spreads the copies over the threads.
+COPY_CHUNK_BYTES = 64 << 10
+# Spins (pause instructions) a task waits for the tasks it depends on before yielding its core, which
+# a thread of the same call may need when there are more threads than cores.
+SPINS_BEFORE_YIELD = 1 << 14
 # How far ahead of the K pair row being decoded the AVX-512 micro-kernels prefetch the weight
 # panel: a decode call reads each panel from DRAM once, and the L2 streamer stops at every 4 KiB
-# page. vLLM 0.33.0's CPU kernels prefetch 64 K pair rows ahead (4 KiB of fp8).
+# page. vLLM 0.33.0's CPU kernels prefetch 64 K pair rows ahead (4 KiB of fp8). A work item also
+# prefetches (into L2) this much of each weight stream it is about to read before it starts.
 PREFETCH_BYTES = 4096
 
 # Dispatch policies, numbered as the C++ Policy enum.

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "moe_routing.h"
@@ -46,6 +47,7 @@ namespace {
 enum class Format : int64_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2 };
 
 constexpr int64_t kAlign = 64;  // bytes: one cache line, and a whole zmm
+constexpr int64_t kPrefetchAheadBytes = MOE_PREFETCH_BYTES;
 
 // Scratch that grows and is kept: the buffers below are thread_local, so a thread (the caller's,
 // or an OpenMP worker) reuses its pages call after call. Allocating them per call made fresh
@@ -116,15 +118,18 @@ PackedWeight packed_weight(const at::Tensor& w, const at::Tensor& scale, Format 
                     : format == Format::kFp8Block128 ? panel_bytes / 32
                                                      : panel_bytes / 64;
   const bool has_scale = format != Format::kBf16;
+  TORCH_CHECK(!has_scale || (scale.dim() == 3 && scale.is_contiguous()),
+              "cpu_brgemm: weight scales must come from prepare_weights");
   return {w.data_ptr<uint8_t>(), w.size(1), panel_bytes,
           has_scale ? static_cast<const uint8_t*>(scale.data_ptr()) : nullptr,
-          has_scale ? scale[0][0].numel() * scale.element_size() : 0, k};
+          has_scale ? scale.size(2) * static_cast<int64_t>(scale.element_size()) : 0, k};
 }
 
 // One work item: a run of blocks against a group of consecutive output panels. A run with a BRGEMM
 // block takes several panels, so each block's activations are read from L3 once per group and then
 // stay in L2 while every dequantized panel of the group passes over them; a TinyGEMM-only run takes
-// one panel, which keeps decode spread over all threads.
+// as many as keep one contiguous weight stream per item going without starving threads of items
+// (tiny_panel_group).
 struct Item {
   int32_t run;
   int32_t first_panel;
@@ -141,14 +146,14 @@ inline int64_t brgemm_panel_group(int64_t k, bool gated) {
 }
 
 std::vector<Item> make_items(const std::vector<Run>& runs, const std::vector<uint8_t>& brgemm_block,
-                             int64_t panels, int64_t brgemm_group) {
+                             int64_t panels, int64_t brgemm_group, int64_t tiny_group) {
   std::vector<Item> items;
   for (size_t r = 0; r < runs.size(); ++r) {
     bool any_brgemm = false;
     for (int32_t b = runs[r].first_block; b < runs[r].first_block + runs[r].num_blocks; ++b) {
       any_brgemm = any_brgemm || brgemm_block[b];
     }
-    const int64_t group = any_brgemm ? brgemm_group : 1;
+    const int64_t group = any_brgemm ? brgemm_group : tiny_group;
     for (int64_t p = 0; p < panels; p += group) {
       items.push_back({static_cast<int32_t>(r), static_cast<int32_t>(p),
                        static_cast<int32_t>(std::min(group, panels - p))});
@@ -156,8 +161,8 @@ std::vector<Item> make_items(const std::vector<Run>& runs, const std::vector<uin
   }
   // Heaviest first: threads take items from a shared queue, so the long runs of hot experts start
   // early and the short ones fill in behind them. A stable counting sort on the work (blocks x
-  // panels, a small integer): at decode, where every item weighs the same, this runs before the
-  // stage's parallel region on one thread, and a comparison sort there cost tens of microseconds.
+  // panels, a small integer): it runs on the calling thread before the call's parallel region, and
+  // a comparison sort there cost tens of microseconds at decode, where every item weighs the same.
   std::vector<int64_t> work(items.size());
   int64_t heaviest = 0;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -172,98 +177,130 @@ std::vector<Item> make_items(const std::vector<Run>& runs, const std::vector<uin
   return sorted;
 }
 
-// Runs one GEMM stage. A gated stage 1 computes gate panels p.. and up panels p + second_offset..
-// in the same item, so the activation fuses into the epilogue.
+// Per-thread scratch of the GEMM stages: output tiles of a panel group and the group's panels
+// dequantized to bf16 (gate and up when gated). Kept across calls (thread_local) and grown to the
+// largest group seen.
+struct ThreadScratch {
+  AlignedBuffer<float> c0, c1;
+  AlignedBuffer<uint16_t> dq0, dq1;
+  bool used_brgemm = false;
+};
+
+// Prefetches the first PREFETCH_BYTES of a panel into L2, so an item's weight stream is already in
+// flight when its first K pair row is decoded: the micro-kernels' own prefetch runs that far ahead
+// of the row they decode, so without this the first rows of every item wait on DRAM.
+inline void prefetch_panel_start(const uint8_t* p, int64_t bytes) {
+  const int64_t n = std::min<int64_t>(bytes, kPrefetchAheadBytes);
+  for (int64_t off = 0; off < n; off += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+  }
+}
+
+// One GEMM stage: its work items (run of blocks of one expert x group of output panels) and how one
+// item runs. A gated stage 1 computes gate panels p.. and up panels p + second_offset.. in the same
+// item, so the activation fuses into the epilogue.
 template <class Panel, class Epilogue>
-void run_stage(const Routing& rt, const std::vector<Run>& runs, const std::vector<uint8_t>& brgemm_block,
-               const at::BFloat16* a, const PackedWeight& pw, int64_t panels, int64_t second_offset,
-               const Epilogue& epilogue) {
-  const int64_t k = pw.k;
-  const int64_t kpairs = k / 2;
-  const bool two = second_offset > 0;
-  const int64_t group = brgemm_panel_group(k, two);
-  const std::vector<Item> items = make_items(runs, brgemm_block, panels, group);
-  const int64_t panel_elems = k * kBlockN;
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  // Items differ in cost (a hot expert's run against a cold expert's single block), so each thread
-  // takes the next item from a shared counter instead of a fixed contiguous share.
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    thread_local AlignedBuffer<float> c0, c1;
-    c0.ensure(kBlockM * kBlockN * group);
-    c1.ensure(kBlockM * kBlockN * group);
-    thread_local AlignedBuffer<uint16_t> dq0, dq1;
-    bool used_brgemm = false;
-    for (int64_t i = next++; i < num_items; i = next++) {
-      const Item& item = items[i];
-      const Run& run = runs[item.run];
-      const int64_t e = rt.blocks[run.first_block].expert;
-      const int64_t ldc = item.num_panels * kBlockN;
-      bool dequantized = false;
-      for (int64_t b = run.first_block; b < run.first_block + run.num_blocks; ++b) {
-        const Block& blk = rt.blocks[b];
-        const at::BFloat16* ab = a + static_cast<int64_t>(blk.start) * k;
-        if (brgemm_block[b]) {
+struct Stage {
+  const Routing& rt;
+  std::vector<Run> runs;
+  const std::vector<uint8_t>& brgemm_block;
+  const at::BFloat16* a;
+  PackedWeight pw;
+  int64_t panels;
+  int64_t second_offset;
+  Epilogue epilogue;
+  int64_t brgemm_group = 1;
+  std::vector<Item> items;
+
+  Stage(const Routing& rt_, std::vector<Run> runs_, const std::vector<uint8_t>& brgemm_block_,
+        const at::BFloat16* a_, const PackedWeight& pw_, int64_t panels_, int64_t second_offset_,
+        const Epilogue& epilogue_, int64_t tiny_group)
+      : rt(rt_), runs(std::move(runs_)), brgemm_block(brgemm_block_), a(a_), pw(pw_), panels(panels_),
+        second_offset(second_offset_), epilogue(epilogue_) {
+    brgemm_group = brgemm_panel_group(pw.k, second_offset > 0);
+    items = make_items(runs, brgemm_block, panels, brgemm_group, tiny_group);
+  }
+
+  int32_t expert_of(const Item& item) const { return rt.blocks[runs[item.run].first_block].expert; }
+
+  // The item's first panel of each stream; later panels of a group follow in memory, where the
+  // micro-kernel's own prefetch runs into them.
+  void prefetch_start(const Item& item) const {
+    const int32_t e = expert_of(item);
+    prefetch_panel_start(pw.panel(e, item.first_panel), pw.panel_bytes);
+    if (second_offset > 0) prefetch_panel_start(pw.panel(e, item.first_panel + second_offset), pw.panel_bytes);
+  }
+
+  void run(const Item& item, ThreadScratch& s) const {
+    const int64_t k = pw.k;
+    const int64_t kpairs = k / 2;
+    const bool two = second_offset > 0;
+    const int64_t panel_elems = k * kBlockN;
+    const Run& r = runs[item.run];
+    const int64_t e = rt.blocks[r.first_block].expert;
+    const int64_t ldc = item.num_panels * kBlockN;
+    float* c0 = s.c0.ensure(kBlockM * ldc);
+    float* c1 = s.c1.ensure(kBlockM * ldc);
+    bool dequantized = false;
+    for (int64_t b = r.first_block; b < r.first_block + r.num_blocks; ++b) {
+      const Block& blk = rt.blocks[b];
+      const at::BFloat16* ab = a + static_cast<int64_t>(blk.start) * k;
+      if (brgemm_block[b]) {
 #if HAL_MOE_ISA_HAS_BRGEMM
-          if (!dequantized) {
-            dq0.ensure(panel_elems * group);
-            if (two) dq1.ensure(panel_elems * group);
-            for (int64_t q = 0; q < item.num_panels; ++q) {
-              const int64_t p = item.first_panel + q;
-              isa::dequant_panel(make_panel<Panel>(pw, e, p), kpairs, dq0.get() + q * panel_elems);
-              if (two) {
-                isa::dequant_panel(make_panel<Panel>(pw, e, p + second_offset), kpairs,
-                                   dq1.get() + q * panel_elems);
-              }
-            }
-            dequantized = true;
-          }
-          for (int64_t q = 0; q < item.num_panels; ++q) {
-            at::native::cpublas::brgemm(
-                blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
-                reinterpret_cast<const at::BFloat16*>(dq0.get() + q * panel_elems), c0.get() + q * kBlockN);
-            if (two) {
-              at::native::cpublas::brgemm(
-                  blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
-                  reinterpret_cast<const at::BFloat16*>(dq1.get() + q * panel_elems), c1.get() + q * kBlockN);
-            }
-          }
-          used_brgemm = true;
-#else
-          TORCH_CHECK(false, "cpu_brgemm: BRGEMM is not built for the ", isa::kName, " ISA");
-#endif
-        } else if (dequantized) {
-          // A small block behind BRGEMM blocks of its run: TinyGEMM over the panels already
-          // dequantized to bf16, instead of decoding the checkpoint format again.
-          const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
-          for (int64_t q = 0; q < item.num_panels; ++q) {
-            isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{dq0.get() + q * panel_elems}, kpairs,
-                           c0.get() + q * kBlockN, ldc);
-            if (two) {
-              isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{dq1.get() + q * panel_elems}, kpairs,
-                             c1.get() + q * kBlockN, ldc);
-            }
-          }
-        } else {
-          const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
+        if (!dequantized) {
+          s.dq0.ensure(panel_elems * item.num_panels);
+          if (two) s.dq1.ensure(panel_elems * item.num_panels);
           for (int64_t q = 0; q < item.num_panels; ++q) {
             const int64_t p = item.first_panel + q;
-            isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p), kpairs, c0.get() + q * kBlockN, ldc);
+            isa::dequant_panel(make_panel<Panel>(pw, e, p), kpairs, s.dq0.get() + q * panel_elems);
             if (two) {
-              isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p + second_offset), kpairs,
-                             c1.get() + q * kBlockN, ldc);
+              isa::dequant_panel(make_panel<Panel>(pw, e, p + second_offset), kpairs,
+                                 s.dq1.get() + q * panel_elems);
             }
           }
+          dequantized = true;
         }
-        epilogue(blk, item.first_panel * kBlockN, ldc, c0.get(), c1.get());
-      }
-    }
-#if HAL_MOE_ISA_HAS_BRGEMM
-    // Once per thread, and only when this thread configured AMX tiles (or oneDNN state) at all.
-    if (used_brgemm) at::native::cpublas::brgemm_release();
+        for (int64_t q = 0; q < item.num_panels; ++q) {
+          at::native::cpublas::brgemm(
+              blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
+              reinterpret_cast<const at::BFloat16*>(s.dq0.get() + q * panel_elems), c0 + q * kBlockN);
+          if (two) {
+            at::native::cpublas::brgemm(
+                blk.rows, kBlockN, k, k, kBlockN, ldc, false, ab,
+                reinterpret_cast<const at::BFloat16*>(s.dq1.get() + q * panel_elems), c1 + q * kBlockN);
+          }
+        }
+        s.used_brgemm = true;
+#else
+        TORCH_CHECK(false, "cpu_brgemm: BRGEMM is not built for the ", isa::kName, " ISA");
 #endif
-  });
-}
+      } else if (dequantized) {
+        // A small block behind BRGEMM blocks of its run: TinyGEMM over the panels already
+        // dequantized to bf16, instead of decoding the checkpoint format again.
+        const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
+        for (int64_t q = 0; q < item.num_panels; ++q) {
+          isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{s.dq0.get() + q * panel_elems}, kpairs,
+                         c0 + q * kBlockN, ldc);
+          if (two) {
+            isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{s.dq1.get() + q * panel_elems}, kpairs,
+                           c1 + q * kBlockN, ldc);
+          }
+        }
+      } else {
+        const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
+        for (int64_t q = 0; q < item.num_panels; ++q) {
+          const int64_t p = item.first_panel + q;
+          isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p), kpairs, c0 + q * kBlockN, ldc);
+          if (two) {
+            isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p + second_offset), kpairs,
+                           c1 + q * kBlockN, ldc);
+          }
+        }
+      }
+      epilogue(blk, item.first_panel * kBlockN, ldc, c0, c1);
+    }
+  }
+};
 
 struct Epilogue1 {
   at::BFloat16* ic1;  // [routes, I]
@@ -302,17 +339,43 @@ struct Epilogue2 {
   }
 };
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Waits until `counter` reaches `target` (acquire: what the counted tasks wrote is visible after);
+// false, at once, when a task of the call has failed, so no thread waits for work that will not come.
+inline bool wait_for(const std::atomic<int64_t>& counter, int64_t target, const std::atomic<bool>& failed) {
+  for (int64_t spins = 0; counter.load(std::memory_order_acquire) < target; ++spins) {
+    if (failed.load(std::memory_order_relaxed)) return false;
+    if (spins < kSpinsBeforeYield) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();  // the task may be running on this core (more threads than cores)
+    }
+  }
+  return true;
+}
+
+// Output panels per TinyGEMM-only item: consecutive panels of one expert, about kTinyItemBytes of
+// weights, so each item streams one long contiguous range (every item start waits out the DRAM
+// latency before its prefetch runs ahead), while keeping kTinyItemsPerThread items per thread.
+inline int64_t tiny_panel_group(int64_t blocks, int64_t panels, int64_t item_panel_bytes, int64_t threads) {
+  const int64_t by_bytes = kTinyItemBytes / item_panel_bytes;
+  const int64_t by_items = blocks * panels / (kTinyItemsPerThread * threads);
+  return std::max<int64_t>(1, std::min({by_bytes, by_items, panels}));
+}
+
 template <class Panel>
 void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
              const at::Tensor& x, const PackedWeight& pw13, const PackedWeight& pw2,
              const float* b13, const float* b2, at::Tensor& out, int64_t topk, int64_t inter,
-             Activation act, float alpha, float limit) {
+             int64_t local_experts, Activation act, float alpha, float limit) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
   const int64_t threads = at::get_num_threads();
   const bool gated = act != Activation::kRelu2;
   const int64_t panels1 = inter / kBlockN;
   const int64_t panels2 = hidden / kBlockN;
+  const int64_t blocks = static_cast<int64_t>(rt.blocks.size());
   // The compact caches, each on a cache-line boundary: xs bf16 [routes, H], ic1 bf16 [routes, I],
   // ic2 fp32 [routes, H].
   auto lines = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
@@ -323,22 +386,17 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
   at::BFloat16* ic1p = reinterpret_cast<at::BFloat16*>(base + xs_bytes);
   float* ic2p = reinterpret_cast<float*>(base + xs_bytes + ic1_bytes);
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  at::parallel_for(0, rt.routes, 16, [&](int64_t begin, int64_t end) {
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+
+  auto gather = [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
       std::memcpy(xsp + pos * hidden, xp + static_cast<int64_t>(rt.token_of_pos[pos]) * hidden,
                   hidden * sizeof(at::BFloat16));
     }
-  });
-
-  Epilogue1 ep1{ic1p, inter, b13, pw13.panels * kBlockN, act, alpha, limit};
-  run_stage<Panel>(rt, make_runs(rt.blocks, panels1, threads), brgemm_block, xsp, pw13, panels1,
-                   gated ? panels1 : 0, ep1);
-  Epilogue2 ep2{&rt, ic2p, hidden, b2};
-  run_stage<Panel>(rt, make_runs(rt.blocks, panels2, threads), brgemm_block, ic1p, pw2, panels2, 0, ep2);
-
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(hidden);
+  };
+  auto reduce = [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> acc;
+    acc.resize(hidden);
     for (int64_t t = begin; t < end; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < topk; ++j) {
@@ -349,6 +407,73 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
       }
       for (int64_t h = 0; h < hidden; ++h) op[t * hidden + h] = at::BFloat16(acc[h]);
     }
+  };
+
+  Epilogue1 ep1{ic1p, inter, b13, pw13.panels * kBlockN, act, alpha, limit};
+  Epilogue2 ep2{&rt, ic2p, hidden, b2};
+  const Stage<Panel, Epilogue1> s1(
+      rt, make_runs(rt.blocks, panels1, threads), brgemm_block, xsp, pw13, panels1, gated ? panels1 : 0, ep1,
+      tiny_panel_group(blocks, panels1, pw13.panel_bytes * (gated ? 2 : 1), threads));
+  const Stage<Panel, Epilogue2> s2(rt, make_runs(rt.blocks, panels2, threads), brgemm_block, ic1p, pw2, panels2,
+                                   0, ep2, tiny_panel_group(blocks, panels2, pw2.panel_bytes, threads));
+
+  // One parallel region runs the whole call from one queue of tasks: gather chunks, stage-1 items,
+  // stage-2 items, reduce chunks, in that order. A task waits only for tasks before it in the queue
+  // (stage 1 for the gather; an expert's stage-2 items for all of its stage-1 items; the reduce for
+  // all of stage 2), and a thread finishes each task it takes before it takes the next, so every
+  // wait ends, however many threads actually run. So stage 2 of the first experts streams its
+  // weights while stage 1 of the last ones finishes, instead of every thread waiting at a join, and
+  // a call forks once. Items differ in cost (a hot expert's run against a cold expert's single
+  // block), so threads take the next task from a shared counter rather than fixed shares.
+  const int64_t gather_chunks = std::min<int64_t>(threads, ceil_div(rt.routes * hidden * 2, kCopyChunkBytes));
+  const int64_t gather_rows = ceil_div(rt.routes, gather_chunks);
+  const int64_t reduce_chunks =
+      std::min<int64_t>({threads, tokens, ceil_div(rt.routes * hidden * 4, kCopyChunkBytes)});
+  const int64_t reduce_tokens = ceil_div(tokens, reduce_chunks);
+  const int64_t n1 = static_cast<int64_t>(s1.items.size());
+  const int64_t n2 = static_cast<int64_t>(s2.items.size());
+  const int64_t end0 = gather_chunks, end1 = end0 + n1, end2 = end1 + n2, end3 = end2 + reduce_chunks;
+  std::vector<int64_t> items1_of(local_experts, 0);
+  for (const Item& item : s1.items) ++items1_of[s1.expert_of(item)];
+  std::unique_ptr<std::atomic<int64_t>[]> done1_of(new std::atomic<int64_t>[local_experts]);
+  for (int64_t e = 0; e < local_experts; ++e) done1_of[e].store(0, std::memory_order_relaxed);
+  std::atomic<int64_t> next{0}, gathered{0}, done2{0};
+  std::atomic<bool> failed{false};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    thread_local ThreadScratch scratch;
+    scratch.used_brgemm = false;
+    try {
+      for (int64_t i = next++; i < end3; i = next++) {
+        if (i < end0) {
+          gather(i * gather_rows, std::min(rt.routes, (i + 1) * gather_rows));
+          gathered.fetch_add(1, std::memory_order_release);
+        } else if (i < end1) {
+          const Item& item = s1.items[i - end0];
+          s1.prefetch_start(item);
+          if (!wait_for(gathered, gather_chunks, failed)) break;
+          s1.run(item, scratch);
+          done1_of[s1.expert_of(item)].fetch_add(1, std::memory_order_release);
+        } else if (i < end2) {
+          const Item& item = s2.items[i - end1];
+          s2.prefetch_start(item);
+          const int32_t e = s2.expert_of(item);
+          if (!wait_for(done1_of[e], items1_of[e], failed)) break;
+          s2.run(item, scratch);
+          done2.fetch_add(1, std::memory_order_release);
+        } else {
+          const int64_t c = i - end2;
+          if (!wait_for(done2, n2, failed)) break;
+          reduce(c * reduce_tokens, std::min(tokens, (c + 1) * reduce_tokens));
+        }
+      }
+    } catch (...) {
+      failed.store(true, std::memory_order_relaxed);  // at::parallel_for rethrows it after the region
+      throw;
+    }
+#if HAL_MOE_ISA_HAS_BRGEMM
+    // Once per thread, and only when this thread configured AMX tiles (or oneDNN state) at all.
+    if (scratch.used_brgemm) at::native::cpublas::brgemm_release();
+#endif
   });
 }
 
@@ -360,7 +485,10 @@ Routing route_tensors(const at::Tensor& topk_ids, const at::Tensor& weights_f32,
               "cpu_brgemm: topk_ids must be a 2-D int32 or int64 tensor");
   TORCH_CHECK(weights_f32.numel() == topk_ids.numel(),
               "cpu_brgemm: topk_weights must have one weight per topk id");
-  const at::Tensor map_tensor = expert_map.has_value() ? expert_map->to(at::kInt).contiguous() : at::Tensor();
+  const at::Tensor map_tensor =
+      !expert_map.has_value() ? at::Tensor()
+      : expert_map->scalar_type() == at::kInt && expert_map->is_contiguous() ? *expert_map
+                                                                             : expert_map->to(at::kInt).contiguous();
   const int32_t* map = map_tensor.defined() ? map_tensor.data_ptr<int32_t>() : nullptr;
   const int64_t num_experts = map ? map_tensor.numel() : local_experts;
   const float* w = weights_f32.data_ptr<float>();
@@ -413,8 +541,12 @@ void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Te
   TORCH_CHECK(pw13.panels * kBlockN == (act == Activation::kRelu2 ? 1 : 2) * intermediate,
               "cpu_brgemm: w13 panels do not match the intermediate size");
 
-  const at::Tensor wts = topk_weights.to(at::kFloat).contiguous();
-  const at::Tensor ids = topk_ids.contiguous();
+  // Converted only where needed: at decode every ATen call here is a dispatcher round trip on
+  // caches the previous layer's work has evicted.
+  const at::Tensor wts = topk_weights.scalar_type() == at::kFloat && topk_weights.is_contiguous()
+                             ? topk_weights
+                             : topk_weights.to(at::kFloat).contiguous();
+  const at::Tensor ids = topk_ids.is_contiguous() ? topk_ids : topk_ids.contiguous();
   const Routing rt = route_tensors(ids, wts, expert_map, local_experts);
   if (rt.routes == 0) {
     out.zero_();
@@ -428,13 +560,13 @@ void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Te
   const float limit = static_cast<float>(swiglu_limit);
   switch (format) {
     case Format::kBf16:
-      run_moe<isa::Bf16Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      run_moe<isa::Bf16Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
       break;
     case Format::kFp8Block128:
-      run_moe<isa::Fp8Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      run_moe<isa::Fp8Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
       break;
     case Format::kMxfp4:
-      run_moe<isa::Mxfp4Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, act, alpha, limit);
+      run_moe<isa::Mxfp4Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
       break;
     default:
       TORCH_CHECK(false, "cpu_brgemm: unknown weight_format code ", weight_format);
@@ -464,6 +596,8 @@ at::Tensor route_plan(const at::Tensor& topk_ids, const c10::optional<at::Tensor
 bool brgemm_packs_bf16() { return at::native::cpublas::could_pack(at::kBFloat16); }
 
 std::string isa_name() { return isa::kName; }
+
+
 
 }  // namespace
 }  // namespace hal_moe

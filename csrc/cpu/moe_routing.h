@@ -27,6 +27,10 @@ namespace hal_moe {
 #ifndef MOE_MAX_PANEL_GROUP
 #error "MOE_MAX_PANEL_GROUP is set by backends/cpu_brgemm/policy.py"
 #endif
+#if !defined(MOE_TINY_ITEM_BYTES) || !defined(MOE_TINY_ITEMS_PER_THREAD) || !defined(MOE_COPY_CHUNK_BYTES) || \
+    !defined(MOE_SPINS_BEFORE_YIELD)
+#error "MOE_TINY_ITEM_BYTES, MOE_TINY_ITEMS_PER_THREAD, MOE_COPY_CHUNK_BYTES and MOE_SPINS_BEFORE_YIELD are set by backends/cpu_brgemm/policy.py"
+#endif
 
 constexpr int64_t kBlockM = MOE_BLOCK_M;
 constexpr int64_t kBlockN = MOE_BLOCK_N;
@@ -34,6 +38,10 @@ constexpr int64_t kBrgemmMinRows = MOE_BRGEMM_MIN_ROWS;
 constexpr int64_t kItemsPerThread = MOE_ITEMS_PER_THREAD;
 constexpr int64_t kBrgemmL2Bytes = MOE_BRGEMM_L2_BYTES;
 constexpr int64_t kMaxPanelGroup = MOE_MAX_PANEL_GROUP;
+constexpr int64_t kTinyItemBytes = MOE_TINY_ITEM_BYTES;
+constexpr int64_t kTinyItemsPerThread = MOE_TINY_ITEMS_PER_THREAD;
+constexpr int64_t kCopyChunkBytes = MOE_COPY_CHUNK_BYTES;
+constexpr int64_t kSpinsBeforeYield = MOE_SPINS_BEFORE_YIELD;
 static_assert(kBlockN == 32, "the micro-kernels hold one 32-column panel in two 16-lane registers");
 
 // Same numbering as backends/cpu_brgemm/policy.py POLICIES.

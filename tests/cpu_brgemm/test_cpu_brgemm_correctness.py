@@ -176,3 +176,29 @@ def test_per_block_mixed_runs(fmt):
         variant = kernel.with_policy(policy)
         assert variant.brgemm_supported
         check_against_reference(variant, weights, kernel.prepare_weights(weights), x, tw, ti)
+
+
+@pytest.mark.parametrize("isa", isa_params())
+def test_any_thread_count_gives_the_same_bytes(isa):
+    """A call runs gather, both stages and the reduce from one queue of tasks, where an expert's
+    stage-2 items wait for its stage-1 items: with 1 thread and with more threads than this CPU
+    has cores every wait must end, and the bytes must not depend on the thread count. No expert
+    here mixes a BRGEMM block with a TinyGEMM one, whose shared run (and so its rounding) follows
+    the thread count."""
+    spec = MoESpec(num_experts=8, top_k=2, hidden_size=H, intermediate_size=I,
+                   weight_format="fp8_block128", has_bias=True)
+    weights = weights_for(spec, seed=31)
+    kernel = make_kernel(spec, machine_target(), isa)
+    prepared = kernel.prepare_weights(weights)
+    tw, ti = synth.random_routing(spec, 45, mode="counts", counts=[40, 3, 37, 1, 0, 2, 5, 2], seed=32)
+    x = synth.random_tokens(spec, 45, seed=33)
+    before = torch.get_num_threads()
+    try:
+        outs = {}
+        for threads in (2, 1, 3, 5):
+            torch.set_num_threads(threads)
+            outs[threads] = check_against_reference(kernel, weights, prepared, x, tw, ti)
+    finally:
+        torch.set_num_threads(before)
+    for threads in (1, 3, 5):
+        assert torch.equal(outs[threads], outs[2]), f"{threads} threads differ from 2"
