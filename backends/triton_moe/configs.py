@@ -58,6 +58,8 @@ FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
 MAX_STAGES_BLOCK_M_128 = 3  # Ada and Hopper have e4m3 tensor cores; Ampere does not
+W8A8_MAX_BLOCK_M = 64
+W8A8_DECODE_STAGES = 5
 
 
 def token_bucket(tokens: int) -> int:
@@ -105,11 +107,19 @@ class LaunchConfig:
     gemv2: Optional[GemvConfig] = None
     # Few routes, GEMMs without the grouping launch: each BLOCK_M block is one route.
     per_route: bool = False
+    # w8a8: the layer's input quantized by one launch before GEMM 1 (else in GEMM 1's registers,
+    # per K step of each program), and GEMM 1's output written as e4m3 + scales by its epilogue
+    # (else stored in 16 bits and quantized in GEMM 2's registers).
+    x_quant_launch: bool = False
+    h_fp8: bool = False
 
     def describe(self) -> str:
         if self.gemv1 is not None:
             return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
-        mode = " w8a8" if self.fp8_act else ""
+        mode = ""
+        if self.fp8_act:
+            mode = (" w8a8, x quantized " + ("by a launch" if self.x_quant_launch else "in GEMM1")
+                    + ", h " + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2"))
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
 
@@ -182,6 +192,32 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
+def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
+               smem: int) -> GemmConfig:
+    """fp8 x fp8 tiles (NVIDIA sm_89+). BLOCK_K 128: one activation scale and one weight block
+    scale per K step. Decode: swap-AB (the weights fill wgmma's 64-row M, the block's few rows its
+    N, as vLLM 0.33.0 does on Hopper for M tiles below 64), BLOCK_N from 128 halving to 32 until
+    there are PROGRAMS_PER_SM programs per SM, up to W8A8_DECODE_STAGES stages (a deeper pipeline
+    hides the weight loads; vLLM's tuned H200 tables use 3-5). Prefill: 128-wide N tiles, so GEMM
+    1's epilogue quantizes whole 128-column groups of its output; 8 warps where gate and up are two
+    accumulators (with the fp32 product of each K step that is 4 x BLOCK_M x 128 values held per
+    program), else 4."""
+    block_k = 128
+    w_bits = _weight_bits("fp8_block128")
+    if decode:
+        block_n = 128
+        while block_n > 32 and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
+            block_n //= 2
+        warps, most = 4, W8A8_DECODE_STAGES
+    else:
+        block_n = 128
+        warps, most = (8 if tiles_n > 1 else 4), 4
+    while _stage_bytes(block_m, block_n, block_k, tiles_n, 8, w_bits) * 2 > smem and block_n > 32:
+        block_n //= 2
+    fit = int(smem // _stage_bytes(block_m, block_n, block_k, tiles_n, 8, w_bits))
+    return GemmConfig(block_n, block_k, warps, max(2, min(most, fit)), swap_ab=decode)
+
+
 def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
     """Prefill: how many blocks walk the N tiles together, so each weight tile is read from memory
     once for all of them while it sits in L2 (an expert's weights exceed L2 for the large layers:
@@ -227,10 +263,23 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                        "contract (w8a8 is asked for with fp8_act=True)")
     a_bits = 8 if fp8_act else 16
     tiles_1 = 2 if spec.gated else 1
-    gemm1 = _gemm(spec.intermediate_size, tiles_1, block_m, blocks, decode, spec.weight_format, fp8_act,
-                  a_bits, sms, smem, amd)
-    gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
-                  smem, amd)
+    if fp8_act:
+        if block_m > W8A8_MAX_BLOCK_M:
+            block_m = W8A8_MAX_BLOCK_M
+            blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
+            reasons.append(f"w8a8: BLOCK_M {block_m} (the fp32 product of each K step doubles the "
+                           "accumulators held in registers)")
+        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem)
+        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem)
+        if swap_ab is False:
+            gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=False), attrs.evolve(gemm2, swap_ab=False)
+        elif swap_ab:
+            gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=True), attrs.evolve(gemm2, swap_ab=True)
+    else:
+        gemm1 = _gemm(spec.intermediate_size, tiles_1, block_m, blocks, decode, spec.weight_format, fp8_act,
+                      a_bits, sms, smem, amd)
+        gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
+                      smem, amd)
     # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
@@ -240,6 +289,17 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
         reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
                        f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+    if fp8_act:
+        x_quant_launch = not decode
+        h_fp8 = gemm1.block_n == 128
+        if gemm1.swap_ab:
+            reasons.append("w8a8 decode: swap-AB, the weights as the dot's first operand (wgmma's M)")
+        reasons.append("w8a8: x quantized " + ("once by a launch" if x_quant_launch else
+                                               "in GEMM1's registers (a few rows: no launch)")
+                       + "; h " + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
+                                   if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
+    else:
+        x_quant_launch = h_fp8 = False
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
         # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
         # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
@@ -262,7 +322,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
                            "topk_ids by the GEMMs, no grouping launch")
-        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route)
+        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route,
+                            x_quant_launch=x_quant_launch, h_fp8=h_fp8)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
     reasons = [r for r in reasons if "w8a" in r]

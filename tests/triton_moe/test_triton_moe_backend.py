@@ -103,6 +103,29 @@ def test_config_rule_is_valid_everywhere(profile, model):
             assert len(c.reasons) >= 2
 
 
+@pytest.mark.parametrize("profile", ("h100", "h200", "b200", "rtx5090"))
+@pytest.mark.parametrize("model", sorted(presets.PRESETS))
+def test_w8a8_rule_is_valid_everywhere(profile, model):
+    """fp8_act=True: one scale per K step (BLOCK_K 128), tiles that fit shared memory, x quantized
+    by a launch exactly where the blocks are prefill-sized, h from GEMM 1's epilogue exactly where
+    its N tiles are whole 128-column groups, swap-AB at decode."""
+    gpu = hal.probe(profile=profile).gpus[0]
+    preset = presets.get(model)
+    if "fp8_block128" not in preset.formats:
+        return
+    s = preset.spec("fp8_block128")
+    for tokens in (1, 8, 64, 512, 4096, 65536):
+        c = configs.choose(s, gpu, tokens, fp8_act=True)
+        assert c.fp8_act and c.gemv1 is None and c.block_m <= configs.W8A8_MAX_BLOCK_M
+        decode = c.block_m <= 32
+        assert c.x_quant_launch == (not decode)
+        assert c.h_fp8 == (c.gemm1.block_n == 128)
+        for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
+            assert gemm.block_k == 128 and gemm.swap_ab == decode
+            assert 2 <= gemm.num_stages <= configs.W8A8_DECODE_STAGES
+            assert _stage_bytes(c, gemm, tiles, "fp8_block128") * gemm.num_stages <= gpu.smem_per_block_optin
+
+
 def test_decode_tiles_shrink_to_fill_the_sms():
     gpu = hal.probe(profile="h200").gpus[0]
     c = configs.choose(spec(), gpu, 1)

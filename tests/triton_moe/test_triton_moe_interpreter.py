@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hal
+from backends.reference import activation, dequant
 from backends.triton_moe import kernel as kernel_module
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
@@ -161,9 +162,56 @@ def test_fp8_swap_ab(M, oracle, weights_for):
     run_layer(spec, M, oracle, weights_for, kernel=kernel)
 
 
-def test_w8a8(oracle_w8a8, weights_for):
-    spec = small_spec("fp8_block128", "silu", bias=True, ep=True, H=200, I=136)
-    run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))
+@pytest.mark.parametrize("M,activation,I,swap_ab", [
+    (6, "silu", 136, None),  # decode: swap-AB, x and h quantized in registers
+    (6, "relu2", 136, False),  # decode in the usual operand order
+    (3, "swiglu_oai", 256, None),  # decode, 128-wide N tiles: h from GEMM 1's fp8 epilogue
+    (130, "swiglu_oai", 200, None),  # prefill: x quantized by a launch, h by the epilogue, I % 128 != 0
+    (130, "silu", 256, None),
+])
+def test_w8a8(M, activation, I, swap_ab, oracle_w8a8, weights_for):
+    spec = small_spec("fp8_block128", activation, bias=True, ep=True, H=200, I=I)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab)
+    config = kernel.plan(M).config
+    assert config.fp8_act and config.gemm1.swap_ab == (M < 64 and swap_ab is None)
+    assert config.x_quant_launch == (M >= 64)
+    assert config.h_fp8 == (config.gemm1.block_n == 128)
+    run_layer(spec, M, oracle_w8a8, weights_for, kernel=kernel)
+
+
+@pytest.mark.parametrize("I", [256, 200])
+def test_w8a8_quantized_activations(I, weights_for, e4m3_groups):
+    """The per-call quantization of x and GEMM 1's fp8 epilogue, read between the launches: the
+    e4m3 values and scales of x, and of h against the float64 activation of x's own e4m3 values
+    (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized)."""
+    spec = small_spec("fp8_block128", "silu", bias=True, experts=4, top_k=2, H=200, I=I)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True)
+    M = 130
+    w = weights_for(spec, 0, "cpu")
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=2)
+    tw, ti = random_routing(spec, M, seed=3)
+    call = kernel.launches(x, tw, ti, prepared.data, poison(torch.empty_like(x)))
+    assert [name for name, _ in call.stages][0] == "quantize_x"
+    for name, launch in call.stages:
+        launch()
+        if name == "gemm1":
+            break
+    check_e4m3_groups, dequantize_groups = e4m3_groups
+    scratch = call.scratch
+    assert scratch["x_q"].dtype == torch.float8_e4m3fn and scratch["h"].dtype == torch.float8_e4m3fn
+    check_e4m3_groups(scratch["x_q"], scratch["x_scale"], x.double())
+    x_deq = dequantize_groups(scratch["x_q"], scratch["x_scale"])
+    bm = kernel.plan(M).config.block_m
+    rows = scratch["sorted_routes"]
+    live = torch.nonzero(rows < M * spec.top_k).flatten()
+    routes = rows[live].long()
+    experts = scratch["block_expert"][live // bm].long()
+    w13 = dequant.w13(spec, w, torch.float64)
+    g = torch.einsum("rh,rnh->rn", x_deq[routes // spec.top_k], w13[experts])
+    g = g + w.b13.double()[experts]
+    h_ref = activation.apply(spec, g)
+    check_e4m3_groups(scratch["h"][live], scratch["h_scale"][live], h_ref)
 
 
 @pytest.mark.parametrize("swap_ab", [False, True])
