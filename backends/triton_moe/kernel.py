@@ -110,7 +110,7 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
                  mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None, grouped_n: bool = True):
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True, fp8_chain: Optional[bool] = None):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
@@ -119,7 +119,8 @@ class TritonMoEKernel(MoEKernel):
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too.
         swap_ab=True puts dequantized weights first in the dot (the rule does not: measured slower
         on the H200). grouped_n=False walks each block's N tiles in turn at prefill too (the rule
-        groups blocks)."""
+        groups blocks). fp8_chain (w8a8): the scales chained through the accumulator (see
+        gemm._fp8_chained_step), True or False forces it either way."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -130,6 +131,7 @@ class TritonMoEKernel(MoEKernel):
         self.gemv = gemv
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
+        self.fp8_chain = fp8_chain
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -156,7 +158,7 @@ class TritonMoEKernel(MoEKernel):
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
             chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
-                                    self.mxfp4_path == "dot_scaled", self.grouped_n)
+                                    self.mxfp4_path == "dot_scaled", self.grouped_n, self.fp8_chain)
             self._configs[bucket] = chosen
         return chosen
 
@@ -221,6 +223,7 @@ class TritonMoEKernel(MoEKernel):
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
+            CHAIN=gemm.fp8_chain and fp8_act and fmt == "fp8_block128",
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:

@@ -122,7 +122,8 @@ def test_w8a8_rule_is_valid_everywhere(profile, model):
         assert c.h_fp8 == (c.gemm1.block_n == 128)
         for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
             assert gemm.block_k == 128 and gemm.swap_ab == decode
-            assert 2 <= gemm.num_stages <= configs.W8A8_DECODE_STAGES
+            assert 2 <= gemm.num_stages <= 4
+            assert gemm.block_n >= (configs.W8A8_DECODE_MIN_BLOCK_N if decode else 32)
             assert _stage_bytes(c, gemm, tiles, "fp8_block128") * gemm.num_stages <= gpu.smem_per_block_optin
 
 

@@ -6,6 +6,8 @@ there) on float16 activations; the GPU tests cover bf16."""
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import pytest
 import torch
@@ -162,21 +164,25 @@ def test_fp8_swap_ab(M, oracle, weights_for):
     run_layer(spec, M, oracle, weights_for, kernel=kernel)
 
 
-@pytest.mark.parametrize("M,activation,I,swap_ab", [
-    (6, "silu", 136, None),  # decode: swap-AB, x and h quantized in registers
-    (6, "relu2", 136, False),  # decode in the usual operand order
-    (3, "swiglu_oai", 256, None),  # decode, 128-wide N tiles: h from GEMM 1's fp8 epilogue
-    (130, "swiglu_oai", 200, None),  # prefill: x quantized by a launch, h by the epilogue, I % 128 != 0
-    (130, "silu", 256, None),
+@pytest.mark.parametrize("M,activation,I,swap_ab,chain", [
+    (6, "silu", 136, None, False),  # decode: swap-AB, x and h quantized in registers
+    (6, "relu2", 136, False, False),  # decode in the usual operand order
+    (3, "swiglu_oai", 256, None, False),  # decode, 128-wide N tiles: h from GEMM 1's fp8 epilogue
+    (130, "swiglu_oai", 200, None, False),  # prefill: x quantized by a launch, h by the epilogue
+    (130, "silu", 256, None, False),
+    (6, "swiglu_oai", 136, None, True),  # scales chained through the accumulator, both operand orders
+    (130, "silu", 200, None, True),
+    (130, "relu2", 256, True, True),
 ])
-def test_w8a8(M, activation, I, swap_ab, oracle_w8a8, weights_for):
+def test_w8a8(M, activation, I, swap_ab, chain, oracle_w8a8, weights_for):
     spec = small_spec("fp8_block128", activation, bias=True, ep=True, H=200, I=I)
-    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab, fp8_chain=chain)
     config = kernel.plan(M).config
-    assert config.fp8_act and config.gemm1.swap_ab == (M < 64 and swap_ab is None)
+    assert config.gemm1.fp8_chain == chain and config.gemm2.fp8_chain == chain
+    assert config.fp8_act and config.gemm1.swap_ab == ((M < 64 and swap_ab is None) or bool(swap_ab))
     assert config.x_quant_launch == (M >= 64)
     assert config.h_fp8 == (config.gemm1.block_n == 128)
-    run_layer(spec, M, oracle_w8a8, weights_for, kernel=kernel)
+    run_layer(spec, M, functools.partial(oracle_w8a8, h_fp8=config.h_fp8), weights_for, kernel=kernel)
 
 
 @pytest.mark.parametrize("I", [256, 200])
