@@ -13,9 +13,9 @@ timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue lau
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
 `alternative` the rule's alternatives where it has some: `gemm` (tensor-core GEMMs, each block's N
 tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` where it passes the
-GEMV path over; with --fp8-act (fp8 layers as w8a8), `w8a16`, the w8a8 GEMMs in the other
-operand order (`swap-AB` / `no swap-AB`) and with the scales applied the other way (`chained` /
-`not chained`); ratios are peer time / ours (above 1:
+GEMV path over; with --fp8-act (fp8 layers as w8a8), `w8a16` and the w8a8 GEMMs in the other
+operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs` where the rule keeps the w8a16 GEMV;
+ratios are peer time / ours (above 1:
 triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
 FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
 over the median.
@@ -223,10 +223,9 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
                "gemv": TritonMoEKernel(spec, target, gemv=True)}
     if w8a8:
         grouped = {"w8a16": TritonMoEKernel(spec, target),
+                   "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=True, gemv=False),
                    "swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=True),
-                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=False),
-                   "chained": TritonMoEKernel(spec, target, fp8_act=True, fp8_chain=True),
-                   "not chained": TritonMoEKernel(spec, target, fp8_act=True, fp8_chain=False)}
+                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=False)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
@@ -268,10 +267,10 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
     chosen = kernel.plan(tokens).config
     alts = []
     if chosen.fp8_act:
-        # w8a16's numerics, the other operand order of the w8a8 GEMMs, and the other way to
-        # apply their scales.
-        alts = ["w8a16", "no swap-AB" if chosen.gemm1.swap_ab else "swap-AB",
-                "not chained" if chosen.gemm1.fp8_chain else "chained"]
+        # w8a16's numerics, and the other operand order of the w8a8 GEMMs.
+        alts = ["w8a16", "no swap-AB" if chosen.gemm1.swap_ab else "swap-AB"]
+    elif kernel.fp8_act and spec.weight_format == "fp8_block128":
+        alts = ["w8a8 GEMMs"]  # w8a8 asked for, the rule keeps the w8a16 GEMV
     elif chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
         alts = ["gemm"]  # the tensor-core GEMMs, each block's N tiles in turn
     elif configs.uses_gemv(spec, chosen.tokens_bucket, False, 0, forced=True):

@@ -34,17 +34,22 @@ PREFILL_CANDIDATES = (
     (64, (128, 64, 4, 3), (128, 64, 4, 3)),
     (128, (64, 128, 8, 3), (128, 128, 8, 3)),
 )
-# w8a8 (fp8 x fp8 dots, BLOCK_K 128: one scale per K step): (BN, BK, warps, stages, swap-AB,
-# group_m, scales chained through the accumulator).
+# w8a8 (fp8 x fp8 dots, BLOCK_K 128: one scale per K step); 5-tuples carry swap-AB.
 W8A8_PREFILL_CANDIDATES = (
-    (64, (128, 128, 8, 4, False, 16, True), (128, 128, 4, 4, False, 16, True)),
-    (128, (128, 128, 8, 3, False, 16, True), (128, 128, 8, 3, False, 16, True)),
-    (128, (128, 128, 8, 4, False, 16, True), (128, 128, 8, 4, False, 16, True)),
-    (128, (128, 128, 8, 3, False, 16, True), (128, 128, 4, 4, False, 16, True)),
-    (64, (128, 128, 8, 4, False, 16, True), (256, 128, 8, 3, False, 16, True)),
+    (64, (128, 128, 4, 4), (128, 128, 4, 4)),
+    (64, (128, 128, 8, 3), (128, 128, 8, 3)),
+    (64, (64, 128, 4, 4), (128, 128, 4, 4)),
+    (128, (64, 128, 8, 3), (128, 128, 8, 3)),
+    (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+    (64, (128, 128, 8, 5), (256, 128, 8, 4)),
 )
-# The last element, where present, overrides fields of the launch config.
 W8A8_DECODE_CANDIDATES = (
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
+    (16, (128, 128, 4, 5, True), (128, 128, 4, 5, True)),
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
+)
+DECODE_CANDIDATES = (
     (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
     (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True), {"x_quant_launch": True}),
     (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True), {"x_quant_launch": True}),
@@ -92,13 +97,13 @@ def stage_times(kernel, prepared, sets) -> dict:
     return times
 
 
-def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple, fields: dict | None = None):
-    """The rule's config for `tokens` with these tiles (and fields) in its place."""
+def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
+    """The rule's config for `tokens` with these tiles in its place."""
     kernel._configs.clear()
     config = kernel.config(tokens)
     kernel._configs[config.tokens_bucket] = attrs.evolve(
         config, block_m=block_m, gemm1=configs.GemmConfig(*g1), gemm2=configs.GemmConfig(*g2),
-        h_fp8=config.fp8_act and g1[0] == 128, reasons=("swept",), **(fields or {}))
+        h_fp8=config.fp8_act and g1[0] == 128, reasons=("swept",))
 
 
 def main(argv=None) -> int:

@@ -75,16 +75,12 @@ class GemmConfig:
     num_stages: int
     swap_ab: bool = False  # W @ x.T: the weights dequantized in registers are the dot's first operand
     group_m: int = 1  # blocks that walk the N tiles together (1: each block's N tiles in turn)
-    # w8a8: the scales chained through the accumulator (gemm._fp8_chained_step) instead of applied
-    # to a separate fp32 product of each K step.
-    fp8_chain: bool = False
 
     def describe(self) -> str:
         swap = " swap-AB" if self.swap_ab else ""
         group = f" group {self.group_m}" if self.group_m > 1 else ""
-        chain = " chained scales" if self.fp8_chain else ""
         return (f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
-                f"{swap}{group}{chain}")
+                f"{swap}{group}")
 
 
 @attrs.frozen
@@ -111,10 +107,8 @@ class LaunchConfig:
     gemv2: Optional[GemvConfig] = None
     # Few routes, GEMMs without the grouping launch: each BLOCK_M block is one route.
     per_route: bool = False
-    # w8a8: the layer's input quantized by one launch before GEMM 1 (else in GEMM 1's registers,
-    # per K step of each program), and GEMM 1's output written as e4m3 + scales by its epilogue
-    # (else stored in 16 bits and quantized in GEMM 2's registers).
-    x_quant_launch: bool = False
+    # w8a8: GEMM 1's output written as e4m3 + scales by its epilogue (else stored in 16 bits and
+    # quantized in GEMM 2's registers). The layer's input is quantized by one launch before GEMM 1.
     h_fp8: bool = False
 
     def describe(self) -> str:
@@ -122,8 +116,7 @@ class LaunchConfig:
             return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
         mode = ""
         if self.fp8_act:
-            mode = (" w8a8, x quantized " + ("by a launch" if self.x_quant_launch else "in GEMM1")
-                    + ", h " + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2"))
+            mode = " w8a8, h " + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2")
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
 
@@ -197,7 +190,7 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
 
 
 def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
-               smem: int, chain: bool) -> GemmConfig:
+               smem: int) -> GemmConfig:
     """fp8 x fp8 tiles (NVIDIA sm_89+). BLOCK_K 128: one activation scale and one weight block
     scale per K step. Decode: swap-AB (the weights fill wgmma's M, the block's few rows its N, as
     vLLM 0.33.0 does on Hopper for M tiles below 64), BLOCK_N from 128 halving to
@@ -215,12 +208,10 @@ def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, 
         while block_n > W8A8_DECODE_MIN_BLOCK_N and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
             block_n //= 2
         stages = max(2, min(4, int(smem // (2 * stage(block_n)))))
-        return GemmConfig(block_n, block_k, 4, stages, swap_ab=True, fp8_chain=chain)
+        return GemmConfig(block_n, block_k, 4, stages, swap_ab=True)
     while stage(block_n) * 2 > smem and block_n > 32:
         block_n //= 2
-    warps = 8 if tiles_n > 1 or block_m >= 128 else 4
-    stages = max(2, min(MAX_STAGES_BLOCK_M_128 if block_m >= 128 else 4, int(smem // stage(block_n))))
-    return GemmConfig(block_n, block_k, warps, stages, fp8_chain=chain)
+    return GemmConfig(block_n, block_k, 8 if tiles_n > 1 else 4, max(2, min(4, int(smem // stage(block_n)))))
 
 
 def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
@@ -236,9 +227,10 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
            swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
-           grouped_n: bool = True, fp8_chain: Optional[bool] = None) -> LaunchConfig:
-    """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
-    (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
+           grouped_n: bool = True) -> LaunchConfig:
+    """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
+    w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
+    None keeps w8a16; gemv=False keeps the grouped
     GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
     few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
     dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
@@ -261,6 +253,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     if fp8 and fp8_act and not fp8_mma:
         reasons.append("w8a8 asked for, but this GPU has no fp8 tensor cores: w8a16")
     fp8_act = fp8 and bool(fp8_act) and fp8_mma
+    if fp8_act and gemv is not False and uses_gemv(spec, bucket, False, sms, gemv):
+        # On the H200 at 1 token: deepseek-v3's EP rank 19.4 us on the GEMV against 37.8 w8a8
+        # (21.5 with the input quantized by the launch, timed alone), kimi-k2's 14.7 against 24.1.
+        fp8_act = False
+        reasons.append("w8a8 asked for, but with this few routes the w8a16 GEMV (more accurate) is faster")
     if fp8_act:
         reasons.append("w8a8 asked for: fp8 activations quantized per row and 128 columns, fp8 x fp8 dots")
     elif fp8:
@@ -269,16 +266,13 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     a_bits = 8 if fp8_act else 16
     tiles_1 = 2 if spec.gated else 1
     if fp8_act:
-        chain = bool(fp8_chain)
-        if chain:
-            reasons.append("w8a8, scales chained through the accumulator (asked for)")
-        elif block_m > W8A8_MAX_BLOCK_M:
+        if block_m > W8A8_MAX_BLOCK_M:
             block_m = W8A8_MAX_BLOCK_M
             blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
             reasons.append(f"w8a8: BLOCK_M {block_m} (the fp32 product of each K step doubles the "
                            "accumulators held in registers)")
-        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem, chain)
-        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem, chain)
+        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem)
+        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem)
         if swap_ab is False:
             gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=False), attrs.evolve(gemm2, swap_ab=False)
         elif swap_ab:
@@ -297,17 +291,15 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
         reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
                        f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+    h_fp8 = fp8_act and gemm1.block_n == 128
     if fp8_act:
-        x_quant_launch = not decode
-        h_fp8 = gemm1.block_n == 128
         if gemm1.swap_ab:
             reasons.append("w8a8 decode: swap-AB, the weights as the dot's first operand (wgmma's M)")
-        reasons.append("w8a8: x quantized " + ("once by a launch" if x_quant_launch else
-                                               "in GEMM1's registers (a few rows: no launch)")
-                       + "; h " + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
-                                   if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
-    else:
-        x_quant_launch = h_fp8 = False
+        # Quantizing x in GEMM 1's registers instead (no launch, once per N tile) made GEMM 1 at
+        # decode 13-30% slower on the H200: 69.1 against 48.2 us, deepseek-v3's EP rank at 8 tokens.
+        reasons.append("w8a8: x quantized once by a launch; h "
+                       + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
+                          if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
         # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
         # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
@@ -331,7 +323,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
                            "topk_ids by the GEMMs, no grouping launch")
         return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route,
-                            x_quant_launch=x_quant_launch, h_fp8=h_fp8)
+                            h_fp8=h_fp8)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
     reasons = [r for r in reasons if "w8a" in r]

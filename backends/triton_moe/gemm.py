@@ -183,31 +183,6 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
 
 
 @triton.jit
-def _fp8_chained_step(acc, a, a_ratio, s_prev, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we,
-                      stride_se, scale_cols, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
-    """w8a8 with the scales chained through one accumulator: it holds the sum so far divided by
-    this K step's scales (row scale x weight block scale), so before the dot it is multiplied by
-    the ratio of the last step's scales to this one's and the dot accumulates onto it in the tensor
-    cores (no second [rows, BN] fp32 product held beside it). Returns the accumulator and this
-    step's weight scales (1 for columns past N, so a ratio is never 0 / 0)."""
-    if SWAP_AB:
-        w, s = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
-                                scale_cols)
-        s = tl.where(row_ok, s, 1.0)
-        if DOT_F32:
-            w = w.to(tl.float32)
-        acc = tl.dot(w, tl.trans(a), acc * (s_prev / s)[:, None] * a_ratio[None, :])
-    else:
-        w, s = _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
-                                scale_cols)
-        s = tl.where(row_ok, s, 1.0)
-        if DOT_F32:
-            w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc * a_ratio[:, None] * (s_prev / s)[None, :])
-    return acc, s
-
-
-@triton.jit
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_scale_ptr, sorted_routes_ptr,
     block_expert_ptr, topk_weights_ptr, topk_ids_ptr, expert_map_ptr,
@@ -218,7 +193,7 @@ def moe_gemm_kernel(
     DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
-    GROUP_M: tl.constexpr, CHAIN: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
@@ -229,9 +204,7 @@ def moe_gemm_kernel(
     times the row's activation scale and the weight block's scale. A_QUANTIZED: `a` is e4m3 with
     fp32 scales a_scale [rows, scale_cols]; else each K step's tile is quantized here. OUT_FP8
     (FIRST, BLOCK_N 128: each N tile one 128-column group): h is written as e4m3 with its scales in
-    out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between.
-    CHAIN (w8a8): the scales go through the accumulator (`_fp8_chained_step`) instead of onto a
-    separate product of each K step; the accumulator is multiplied by the last scales at the end."""
+    out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
@@ -278,45 +251,23 @@ def moe_gemm_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if CHAIN:
-        a_prev = tl.full([BLOCK_M], 1.0, tl.float32)
-        s_prev = tl.full([BLOCK_N], 1.0, tl.float32)
-        s_prev_up = tl.full([BLOCK_N], 1.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] * K + offs_k[None, :],
                     mask=live[:, None] & (offs_k[None, :] < K), other=0.0)
         if A_QUANTIZED:
-            # 1 for pad rows: their values are 0 either way, and a chained ratio stays finite.
-            a_scale = tl.load(a_scale_ptr + a_rows * scale_cols + k0 // 128, mask=live, other=1.0)
+            a_scale = tl.load(a_scale_ptr + a_rows * scale_cols + k0 // 128, mask=live, other=0.0)
         elif A_FP8:
             a, a_scale = quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty)
         if DOT_F32:
             a = a.to(tl.float32)
-        if CHAIN:
-            a_ratio = a_prev / a_scale
-            a_prev = a_scale
-            acc, s_prev = _fp8_chained_step(acc, a, a_ratio, s_prev, w_ptr, s_ptr, expert, gate_rows, n_ok,
-                                            k0, offs_k, K, stride_we, stride_se, scale_cols, DOT_F32, SWAP_AB)
-            if GATED:
-                acc_up, s_prev_up = _fp8_chained_step(acc_up, a, a_ratio, s_prev_up, w_ptr, s_ptr, expert,
-                                                      up_rows, n_ok, k0, offs_k, K, stride_we, stride_se,
-                                                      scale_cols, DOT_F32, SWAP_AB)
-        else:
-            acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
-                            stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
-                            MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
-            if GATED:
-                acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
-                                   N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
-                                   DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
-    if CHAIN:
-        if SWAP_AB:
-            acc = acc * s_prev[:, None] * a_prev[None, :]
-            acc_up = acc_up * s_prev_up[:, None] * a_prev[None, :]
-        else:
-            acc = acc * a_prev[:, None] * s_prev[None, :]
-            acc_up = acc_up * a_prev[:, None] * s_prev_up[None, :]
+        acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
+                        stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
+                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
+        if GATED:
+            acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
+                               N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
+                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)

@@ -110,7 +110,7 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
                  mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None, grouped_n: bool = True, fp8_chain: Optional[bool] = None):
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
@@ -119,8 +119,7 @@ class TritonMoEKernel(MoEKernel):
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too.
         swap_ab=True puts dequantized weights first in the dot (the rule does not: measured slower
         on the H200). grouped_n=False walks each block's N tiles in turn at prefill too (the rule
-        groups blocks). fp8_chain (w8a8): the scales chained through the accumulator (see
-        gemm._fp8_chained_step), True or False forces it either way."""
+        groups blocks)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
@@ -131,7 +130,6 @@ class TritonMoEKernel(MoEKernel):
         self.gemv = gemv
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
-        self.fp8_chain = fp8_chain
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -158,7 +156,7 @@ class TritonMoEKernel(MoEKernel):
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
             chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
-                                    self.mxfp4_path == "dot_scaled", self.grouped_n, self.fp8_chain)
+                                    self.mxfp4_path == "dot_scaled", self.grouped_n)
             self._configs[bucket] = chosen
         return chosen
 
@@ -172,7 +170,7 @@ class TritonMoEKernel(MoEKernel):
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
         if self.spec.weight_format == "fp8_block128":
             path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
-        quantize = int(config.x_quant_launch)
+        quantize = int(config.fp8_act)
         if config.per_route:
             return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1 + quantize, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
@@ -223,7 +221,6 @@ class TritonMoEKernel(MoEKernel):
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
-            CHAIN=gemm.fp8_chain and fp8_act and fmt == "fp8_block128",
             num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
@@ -294,7 +291,7 @@ class TritonMoEKernel(MoEKernel):
                    if config.h_fp8 else None)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
         x_q, x_scale = x, None
-        if config.x_quant_launch:
+        if config.fp8_act:
             x_q = torch.empty(M, H, dtype=fp8, device=device)
             x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
 
@@ -347,7 +344,7 @@ class TritonMoEKernel(MoEKernel):
                                                              ("scatter_routes", scatter_routes)]
         if per_route:
             grouping = []
-        quantize = [("quantize_x", quantize_x)] if config.x_quant_launch else []
+        quantize = [("quantize_x", quantize_x)] if config.fp8_act else []
         return Launches(quantize + grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
                         dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, h_scale=h_scale,
                              x_q=x_q, x_scale=x_scale, y=y))

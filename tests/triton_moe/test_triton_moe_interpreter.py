@@ -164,25 +164,35 @@ def test_fp8_swap_ab(M, oracle, weights_for):
     run_layer(spec, M, oracle, weights_for, kernel=kernel)
 
 
-@pytest.mark.parametrize("M,activation,I,swap_ab,chain", [
-    (6, "silu", 136, None, False),  # decode: swap-AB, x and h quantized in registers
-    (6, "relu2", 136, False, False),  # decode in the usual operand order
-    (3, "swiglu_oai", 256, None, False),  # decode, 128-wide N tiles: h from GEMM 1's fp8 epilogue
-    (130, "swiglu_oai", 200, None, False),  # prefill: x quantized by a launch, h by the epilogue
-    (130, "silu", 256, None, False),
-    (6, "swiglu_oai", 136, None, True),  # scales chained through the accumulator, both operand orders
-    (130, "silu", 200, None, True),
-    (130, "relu2", 256, True, True),
+@pytest.mark.parametrize("M,activation,H,I,swap_ab,experts,top_k", [
+    (6, "silu", 200, 136, None, 6, 2),  # decode: swap-AB, 64-wide N tiles, h quantized in GEMM 2
+    (6, "relu2", 200, 136, False, 6, 2),  # decode in the usual operand order
+    (4, "swiglu_oai", 128, 2048, None, 16, 8),  # decode, 128-wide N tiles: h from GEMM 1's epilogue
+    (130, "swiglu_oai", 200, 200, None, 6, 2),  # prefill, I % 128 != 0
+    (130, "silu", 200, 256, None, 6, 2),
+    (130, "relu2", 200, 256, True, 6, 2),  # prefill with swap-AB
 ])
-def test_w8a8(M, activation, I, swap_ab, chain, oracle_w8a8, weights_for):
-    spec = small_spec("fp8_block128", activation, bias=True, ep=True, H=200, I=I)
-    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab, fp8_chain=chain)
-    config = kernel.plan(M).config
-    assert config.gemm1.fp8_chain == chain and config.gemm2.fp8_chain == chain
+def test_w8a8(M, activation, H, I, swap_ab, experts, top_k, oracle_w8a8, weights_for):
+    """x quantized by the launch before GEMM 1 at every size; h by GEMM 1's epilogue (128-wide N
+    tiles) or in GEMM 2's registers."""
+    spec = small_spec("fp8_block128", activation, bias=True, ep=True, experts=experts, top_k=top_k, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab)
+    plan = kernel.plan(M)
+    config = plan.config
     assert config.fp8_act and config.gemm1.swap_ab == ((M < 64 and swap_ab is None) or bool(swap_ab))
-    assert config.x_quant_launch == (M >= 64)
-    assert config.h_fp8 == (config.gemm1.block_n == 128)
+    assert "quantize x" in plan.describe()
+    assert config.h_fp8 == (config.gemm1.block_n == 128) == (M >= 64 or I == 2048)
     run_layer(spec, M, functools.partial(oracle_w8a8, h_fp8=config.h_fp8), weights_for, kernel=kernel)
+
+
+def test_w8a8_asked_for_keeps_the_gemv(oracle, weights_for):
+    """Few routes over many experts: with fp8_act=True the rule keeps the w8a16 GEMV path (faster
+    there, and within the contract of the plain oracle)."""
+    spec = small_spec("fp8_block128", "silu", bias=True, ep=True, experts=16, H=200, I=136)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True)
+    config = kernel.plan(2).config
+    assert config.gemv1 is not None and not config.fp8_act
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
 
 
 @pytest.mark.parametrize("I", [256, 200])
