@@ -16,7 +16,9 @@ no Triton), so it is tested on recorded profiles anywhere.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
-  DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores.
+  DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores;
+  its tiles (`_gemm_w8a8`) take whole 128-column scale groups per K step and, at prefill, per N
+  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there).
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         # (21.5 with the input quantized by the launch, timed alone), kimi-k2's 14.7 against 24.1.
         fp8_act = False
         reasons.append("w8a8 asked for, but with this few routes the w8a16 GEMV (more accurate) is faster")
-    if fp8_act:
+    elif fp8_act:
         reasons.append("w8a8 asked for: fp8 activations quantized per row and 128 columns, fp8 x fp8 dots")
     elif fp8:
         reasons.append("w8a16: e4m3 weights converted in registers, 16-bit activations keep the 1e-2 "
@@ -295,8 +297,9 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     if fp8_act:
         if gemm1.swap_ab:
             reasons.append("w8a8 decode: swap-AB, the weights as the dot's first operand (wgmma's M)")
-        # Quantizing x in GEMM 1's registers instead (no launch, once per N tile) made GEMM 1 at
-        # decode 13-30% slower on the H200: 69.1 against 48.2 us, deepseek-v3's EP rank at 8 tokens.
+        # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
+        # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
+        # rank at 8 tokens 69.1 against 48.2 us).
         reasons.append("w8a8: x quantized once by a launch; h "
                        + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))

@@ -2,7 +2,8 @@
 de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
 ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
-experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. Scratch sizes depend
+experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 (fp8_act=True)
+adds one launch first, quantizing the input to e4m3 per row and 128 columns. Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
