@@ -3,7 +3,7 @@ and routing: CUDA graphs of one call per rotated input set for each side, sample
 (ours, peer, peer GEMMs, ours, ...), medians, ceilings measured in the same run.
 
     python benchmarks/triton_moe_peer.py [--peer DIR] [--cases qwen3-30b-a3b:bf16,...]
-        [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE]
+        [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE] [--fp8-act]
     TRITON_INTERPRET=1 python benchmarks/triton_moe_peer.py --device cpu --cases tiny:bf16 --tokens 1,5
         (a check of the harness on CPU: the interpreter's figures mean nothing)
 
@@ -11,9 +11,11 @@ DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and i
 `configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
 timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
-`alternative` the rule's alternative where it has one: `gemm` (tensor-core GEMMs, each block's N
+`alternative` the rule's alternatives where it has some: `gemm` (tensor-core GEMMs, each block's N
 tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` where it passes the
-GEMV path over; ratios are peer time / ours (above 1:
+GEMV path over; with --fp8-act (fp8 layers as w8a8), `w8a16` and the w8a8 GEMMs in the other
+operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs` where the rule keeps the w8a16 GEMV;
+ratios are peer time / ours (above 1:
 triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
 FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
 over the median.
@@ -73,9 +75,13 @@ def device_weights(spec, seed: int, device) -> MoEWeights:
     fmt = spec.weight_format
 
     def fp8(rows, cols):
-        w = (torch.randn(E, rows, cols, generator=g, device=device) * 64).clamp(-448, 448)
+        # One expert at a time: the fp32 draw of a whole layer (kimi-k2's EP rank: 5.6 GB for w13)
+        # would crowd out other processes compiling on the same GPU.
+        w = torch.empty(E, rows, cols, dtype=torch.float8_e4m3fn, device=device)
+        for e in range(E):
+            w[e] = torch.randn(rows, cols, generator=g, device=device).mul_(64).clamp_(-448, 448)
         s = torch.rand(E, math.ceil(rows / 128), math.ceil(cols / 128), generator=g, device=device) + 0.5
-        return w.to(torch.float8_e4m3fn), s / (64 * math.sqrt(cols))
+        return w, s / (64 * math.sqrt(cols))
 
     def mxfp4(rows, cols):
         q = torch.randint(0, 256, (E, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
@@ -195,25 +201,31 @@ class Row:
     peer_gemms_us: float | None
     ratio: float | None  # peer / ours
     ratio_gemms: float | None  # peer GEMMs alone / ours
-    alt_us: float | None  # the rule's alternative, where there is one
-    alt: str  # which: "gemm" (no GEMV path, no swap-AB) or "gemv" (the GEMV path for bf16)
+    alternatives_us: dict  # the rule's alternatives where there are some: name -> us
     diff: float | None  # ||ours - peer|| / ||peer|| on the first input set
     plan: str
     peer_config: str
 
 
-def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log):
+def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log,
+             fp8_act: bool = False):
     device = target.device
     from peer_fused_moe import PeerFusedMoE  # benchmarks/ is on sys.path when run as a script
 
     preset, ours_fmt, peer_fmt, overrides = CASES[name]
     spec = presets.get(preset).spec(ours_fmt, **overrides)
     weights = device_weights(spec, 7, device)
-    kernel = TritonMoEKernel(spec, target)
+    w8a8 = fp8_act and ours_fmt == "fp8_block128"
+    kernel = TritonMoEKernel(spec, target, fp8_act=True) if w8a8 else TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
     # The rule's alternatives (the weights are prepared the same way for every variant).
     grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False, grouped_n=False),
                "gemv": TritonMoEKernel(spec, target, gemv=True)}
+    if w8a8:
+        grouped = {"w8a16": TritonMoEKernel(spec, target),
+                   "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=True, gemv=False),
+                   "swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=True),
+                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=False)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
@@ -245,7 +257,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
 def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer, peer_spec, same_weights,
               ceil, fp8_rate, iters, device, log) -> Row:
     sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
-    outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "alt", "peer")}
+    outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "peer", *alternatives)}
 
     def calls_of(k, p, side):
         return [(lambda s=s, o=o: k(s[0], s[1], s[2], p, out=o, check=False))
@@ -253,13 +265,18 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
 
     sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
-    alt = ""
-    if chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
-        alt = "gemm"  # the tensor-core GEMMs, each block's N tiles in turn
+    alts = []
+    if chosen.fp8_act:
+        # w8a16's numerics, and the other operand order of the w8a8 GEMMs.
+        alts = ["w8a16", "no swap-AB" if chosen.gemm1.swap_ab else "swap-AB"]
+    elif kernel.fp8_act and spec.weight_format == "fp8_block128":
+        alts = ["w8a8 GEMMs"]  # w8a8 asked for, the rule keeps the w8a16 GEMV
+    elif chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
+        alts = ["gemm"]  # the tensor-core GEMMs, each block's N tiles in turn
     elif configs.uses_gemv(spec, chosen.tokens_bucket, False, 0, forced=True):
-        alt = "gemv"  # the GEMV path the rule passes over for this format
-    if alt:
-        sides["alt"] = calls_of(alternatives[alt], prepared, "alt")
+        alts = ["gemv"]  # the GEMV path the rule passes over for this format
+    for alt in alts:
+        sides[alt] = calls_of(alternatives[alt], prepared, alt)
     peer_config = ""
     if peer is not None:
         calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, outs["peer"], strict=True)]
@@ -280,8 +297,8 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
         del sides["peer_gemms"]
     if ceil is None:  # --warm-only: compiled and run once, nothing timed
         return None
-    mine = "ours" if "ours" in sides else "alt"
-    diff = rel_err(outs[mine][0], outs["peer"][0]) if same_weights and "peer" in sides else None
+    diff = (rel_err(outs["ours"][0], outs["peer"][0]) if same_weights and "peer" in sides and "ours" in sides
+            else None)
     times = time_sides(sides, iters, device)
     flops = routes * spec.flops_per_token()
 
@@ -297,7 +314,8 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
     ratio = (lambda a, b: None if a is None or b is None else a / b)  # noqa: E731
     return Row(name, tokens, us(ours), None if ours is None else roof(spec, ours), us(peer_t),
                None if peer_t is None else roof(peer_spec, peer_t), us(gemms_t), ratio(peer_t, ours),
-               ratio(gemms_t, ours), us(times.get("alt")), alt, diff, chosen.describe(), peer_config)
+               ratio(gemms_t, ours), {alt: us(times[alt]) for alt in alts if alt in times}, diff,
+               chosen.describe(), peer_config)
 
 
 def _opt(v, fmt):
@@ -312,7 +330,8 @@ def format_row(r: Row) -> str:
     return (f"| {r.case} | {r.tokens} | {_opt(r.ours_us, '.1f')} | {_opt(r.ours_roof, '.0%')} | "
             f"{_opt(r.peer_us, '.1f')} | "
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
-            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | {_opt(r.alt_us, '.1f')} {r.alt} |")
+            f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | "
+            + (", ".join(f"{us:.1f} ({alt})" for alt, us in r.alternatives_us.items()) or "-") + " |")
 
 
 def geomean(values) -> float:
@@ -330,6 +349,9 @@ def main(argv=None) -> int:
                         help="start no new point after this many seconds")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--fp8-act", action="store_true",
+                        help="run fp8_block128 as w8a8 (fp8_act=True); w8a16 and the other operand "
+                             "order are timed beside it")
     parser.add_argument("--warm-only", action="store_true",
                         help="compile and run every side once, time nothing (fills Triton's cache, so "
                              "several processes can compile the cases in parallel before a timed run)")
@@ -348,7 +370,7 @@ def main(argv=None) -> int:
     target = Target(device, hal.probe(deep=device != "cpu"))
     if args.warm_only:
         for case in cases:
-            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout)
+            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout, args.fp8_act)
         return 0
     ceil = ceiling_probe.measure("cpu" if device == "cpu" else "cuda")
     fp8_rate = fp8_matmul_tflops(device, ceil.bf16_tflops)
@@ -364,7 +386,7 @@ def main(argv=None) -> int:
             continue
         try:
             rows += run_case(case, tokens, args.peer, target, ceil, fp8_rate, args.iters, deadline,
-                             sys.stdout)
+                             sys.stdout, args.fp8_act)
         except Exception as exc:  # one failing case is reported; the others still run
             print(f"# {case}: failed: {type(exc).__name__}: {exc}", flush=True)
     if args.peer:

@@ -1,4 +1,4 @@
-"""Where triton_moe's time goes, and which launch configs beat the rule: each of the four launches
+"""Where triton_moe's time goes, and which launch configs beat the rule: each launch
 timed alone, then the whole call under alternative configs, on public MoE layers. CUDA graphs of
 one call per rotated input set (as `hal bench moe`), medians.
 
@@ -13,13 +13,14 @@ import sys
 
 import attrs
 import torch
+from triton_moe_peer import device_weights  # benchmarks/ is on sys.path when run as a script
 
 import hal
 from backends.triton_moe import configs
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal import presets
 from hal.backend import Target
-from hal.bench.moe import bench_weights, input_sets
+from hal.bench.moe import input_sets
 from hal.bench.timing import time_calls
 
 DEFAULT_POINTS = ("qwen3-30b-a3b:bf16:1", "qwen3-30b-a3b:bf16:4096", "gpt-oss-120b:mxfp4:1",
@@ -32,6 +33,36 @@ PREFILL_CANDIDATES = (
     (64, (64, 64, 4, 4), (128, 64, 4, 4)),
     (64, (128, 64, 4, 3), (128, 64, 4, 3)),
     (128, (64, 128, 8, 3), (128, 128, 8, 3)),
+)
+# w8a8 (fp8 x fp8 dots, BLOCK_K 128: one scale per K step); 5-tuples carry swap-AB.
+W8A8_PREFILL_CANDIDATES = (
+    (64, (128, 128, 4, 4), (128, 128, 4, 4)),
+    (64, (128, 128, 8, 3), (128, 128, 8, 3)),
+    (64, (64, 128, 4, 4), (128, 128, 4, 4)),
+    (128, (64, 128, 8, 3), (128, 128, 8, 3)),
+    (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+    (64, (128, 128, 8, 5), (256, 128, 8, 4)),
+)
+W8A8_DECODE_CANDIDATES = (
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
+    (16, (128, 128, 4, 5, True), (128, 128, 4, 5, True)),
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
+)
+DECODE_CANDIDATES = (
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True), {"x_quant_launch": True}),
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True), {"x_quant_launch": True}),
+    (16, (128, 128, 4, 5, True), (128, 128, 4, 5, True)),
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
+    (16, (64, 128, 4, 4, True, 1, True), (128, 128, 4, 4, True, 1, True)),
+)
+DECODE_CANDIDATES = (
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 3, True)),
+    (16, (64, 128, 4, 4, False), (64, 128, 4, 4, False)),
+    (16, (32, 128, 4, 5, False), (32, 128, 4, 5, False)),
 )
 DECODE_CANDIDATES = (
     (16, (32, 256, 4, 3), (32, 256, 4, 3)),
@@ -67,10 +98,12 @@ def stage_times(kernel, prepared, sets) -> dict:
 
 
 def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
+    """The rule's config for `tokens` with these tiles in its place."""
+    kernel._configs.clear()
     config = kernel.config(tokens)
     kernel._configs[config.tokens_bucket] = attrs.evolve(
         config, block_m=block_m, gemm1=configs.GemmConfig(*g1), gemm2=configs.GemmConfig(*g2),
-        reasons=("swept",))
+        h_fp8=config.fp8_act and g1[0] == 128, reasons=("swept",))
 
 
 def main(argv=None) -> int:
@@ -80,18 +113,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     target = Target("cuda:0", hal.probe(deep=True))
     print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| point | config | grouping | gemm1 | gemm2 | top_k_sum | call (us) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| point | config | quantize x | grouping | gemm1 | gemm2 | top_k_sum | call (us) |")
+    print("|---|---|---|---|---|---|---|---|")
     for point in args.points.split(","):
         spec, tokens, fp8_act = parse_point(point)
-        weights, expert_map = bench_weights(spec, "cuda")
+        weights = device_weights(spec, 7, "cuda")  # made on the GPU: host generation takes minutes
+        expert_map = weights.expert_map
         sets, _, _ = input_sets(spec, tokens, "uniform", ROTATE, "cuda", expert_map)
         kernel = TritonMoEKernel(spec, target, fp8_act=fp8_act)
         prepared = kernel.prepare_weights(weights)
         rule = kernel.config(tokens)
         candidates = [None]
         if args.sweep:
-            candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
+            if rule.fp8_act:
+                candidates += list(W8A8_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A8_DECODE_CANDIDATES)
+            else:
+                candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
         for candidate in candidates:
             if candidate is not None:
                 with_config(kernel, tokens, *candidate)
@@ -99,11 +136,12 @@ def main(argv=None) -> int:
             try:
                 t = stage_times(kernel, prepared, sets)
             except Exception as exc:  # a candidate that does not compile or fit is reported, not fatal
-                print(f"| {point} | {label} | failed: {type(exc).__name__}: {str(exc)[:80]} |||||")
+                print(f"| {point} | {label} | failed: {type(exc).__name__}: {str(exc)[:80]} ||||||")
                 continue
             grouping = t.get("align", t.get("count_routes", 0.0) + t.get("scatter_routes", 0.0))
-            print(f"| {point} | {label} | {grouping:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | "
-                  f"{t['top_k_sum']:.1f} | {t['call']:.1f} |", flush=True)
+            print(f"| {point} | {label} | {t.get('quantize_x', 0.0):.1f} | {grouping:.1f} | "
+                  f"{t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['top_k_sum']:.1f} | {t['call']:.1f} |",
+                  flush=True)
         kernel._configs.clear()
         del prepared, weights, sets
         torch.cuda.empty_cache()

@@ -16,7 +16,9 @@ no Triton), so it is tested on recorded profiles anywhere.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
-  DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores.
+  DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores;
+  its tiles (`_gemm_w8a8`) take whole 128-column scale groups per K step and, at prefill, per N
+  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
 MAX_STAGES_BLOCK_M_128 = 3  # Ada and Hopper have e4m3 tensor cores; Ampere does not
+W8A8_MAX_BLOCK_M = 64
+W8A8_DECODE_MIN_BLOCK_N = 64
 
 
 def token_bucket(tokens: int) -> int:
@@ -105,11 +109,16 @@ class LaunchConfig:
     gemv2: Optional[GemvConfig] = None
     # Few routes, GEMMs without the grouping launch: each BLOCK_M block is one route.
     per_route: bool = False
+    # w8a8: GEMM 1's output written as e4m3 + scales by its epilogue (else stored in 16 bits and
+    # quantized in GEMM 2's registers). The layer's input is quantized by one launch before GEMM 1.
+    h_fp8: bool = False
 
     def describe(self) -> str:
         if self.gemv1 is not None:
             return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
-        mode = " w8a8" if self.fp8_act else ""
+        mode = ""
+        if self.fp8_act:
+            mode = " w8a8, h " + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2")
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
 
@@ -182,6 +191,31 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
+def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
+               smem: int) -> GemmConfig:
+    """fp8 x fp8 tiles (NVIDIA sm_89+). BLOCK_K 128: one activation scale and one weight block
+    scale per K step. Decode: swap-AB (the weights fill wgmma's M, the block's few rows its N, as
+    vLLM 0.33.0 does on Hopper for M tiles below 64), BLOCK_N from 128 halving to
+    W8A8_DECODE_MIN_BLOCK_N (wgmma's M is 64) until there are PROGRAMS_PER_SM programs per SM, and as
+    many stages as let two programs share an SM (2 to 4). Prefill: 128-wide N tiles, so GEMM 1's
+    epilogue quantizes whole 128-column groups of its output; 8 warps where gate and up are two
+    accumulators (with the fp32 product of each K step that is 4 x BLOCK_M x 128 values held per
+    program), else 4. On the H200 (qwen3-30b-a3b, 4096 tokens): GEMM 1 457.6 us with 8 warps against
+    583.7 with 4, GEMM 2 262.4 with 4 against 386.7 with 8; BLOCK_M 128 with 128-wide gate and up
+    tiles spills registers (GEMM 1 1205 us)."""
+    block_k = 128
+    stage = (lambda bn: _stage_bytes(block_m, bn, block_k, tiles_n, 8, _weight_bits("fp8_block128")))
+    block_n = 128
+    if decode:
+        while block_n > W8A8_DECODE_MIN_BLOCK_N and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
+            block_n //= 2
+        stages = max(2, min(4, int(smem // (2 * stage(block_n)))))
+        return GemmConfig(block_n, block_k, 4, stages, swap_ab=True)
+    while stage(block_n) * 2 > smem and block_n > 32:
+        block_n //= 2
+    return GemmConfig(block_n, block_k, 8 if tiles_n > 1 else 4, max(2, min(4, int(smem // stage(block_n)))))
+
+
 def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
     """Prefill: how many blocks walk the N tiles together, so each weight tile is read from memory
     once for all of them while it sits in L2 (an expert's weights exceed L2 for the large layers:
@@ -196,8 +230,9 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
            swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
            grouped_n: bool = True) -> LaunchConfig:
-    """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act forces w8a8
-    (True) or w8a16 (False) for fp8 weights instead of the rule; gemv=False keeps the grouped
+    """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
+    w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
+    None keeps w8a16; gemv=False keeps the grouped
     GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
     few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
     dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
@@ -220,17 +255,35 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     if fp8 and fp8_act and not fp8_mma:
         reasons.append("w8a8 asked for, but this GPU has no fp8 tensor cores: w8a16")
     fp8_act = fp8 and bool(fp8_act) and fp8_mma
-    if fp8_act:
+    if fp8_act and gemv is not False and uses_gemv(spec, bucket, False, sms, gemv):
+        # On the H200 at 1 token: deepseek-v3's EP rank 19.4 us on the GEMV against 37.8 w8a8
+        # (21.5 with the input quantized by the launch, timed alone), kimi-k2's 14.7 against 24.1.
+        fp8_act = False
+        reasons.append("w8a8 asked for, but with this few routes the w8a16 GEMV (more accurate) is faster")
+    elif fp8_act:
         reasons.append("w8a8 asked for: fp8 activations quantized per row and 128 columns, fp8 x fp8 dots")
     elif fp8:
         reasons.append("w8a16: e4m3 weights converted in registers, 16-bit activations keep the 1e-2 "
                        "contract (w8a8 is asked for with fp8_act=True)")
     a_bits = 8 if fp8_act else 16
     tiles_1 = 2 if spec.gated else 1
-    gemm1 = _gemm(spec.intermediate_size, tiles_1, block_m, blocks, decode, spec.weight_format, fp8_act,
-                  a_bits, sms, smem, amd)
-    gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
-                  smem, amd)
+    if fp8_act:
+        if block_m > W8A8_MAX_BLOCK_M:
+            block_m = W8A8_MAX_BLOCK_M
+            blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
+            reasons.append(f"w8a8: BLOCK_M {block_m} (the fp32 product of each K step doubles the "
+                           "accumulators held in registers)")
+        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem)
+        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem)
+        if swap_ab is False:
+            gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=False), attrs.evolve(gemm2, swap_ab=False)
+        elif swap_ab:
+            gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=True), attrs.evolve(gemm2, swap_ab=True)
+    else:
+        gemm1 = _gemm(spec.intermediate_size, tiles_1, block_m, blocks, decode, spec.weight_format, fp8_act,
+                      a_bits, sms, smem, amd)
+        gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
+                      smem, amd)
     # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
@@ -240,6 +293,16 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
         reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
                        f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+    h_fp8 = fp8_act and gemm1.block_n == 128
+    if fp8_act:
+        if gemm1.swap_ab:
+            reasons.append("w8a8 decode: swap-AB, the weights as the dot's first operand (wgmma's M)")
+        # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
+        # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
+        # rank at 8 tokens 69.1 against 48.2 us).
+        reasons.append("w8a8: x quantized once by a launch; h "
+                       + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
+                          if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
         # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
         # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
@@ -262,7 +325,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
                            "topk_ids by the GEMMs, no grouping launch")
-        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route)
+        return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route,
+                            h_fp8=h_fp8)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
     reasons = [r for r in reasons if "w8a" in r]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from backends.triton_moe.quant import quantize_rows
 from backends.triton_moe.routing import local_expert
 
 # Weight formats as the kernels know them (constexpr codes).
 BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3
 # Activations.
 SILU, SWIGLU_OAI, RELU2 = 0, 1, 2
-FP8_E4M3_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
@@ -38,14 +38,14 @@ def _fp8_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_w
 @triton.jit
 def _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
                      scale_cols):
-    """[BN, BK] e4m3 tile (rows of the row-major [N, K] weight, K contiguous as stored) times its
-    block scale, rounded once to 16 bits by the caller."""
+    """[BN, BK] e4m3 tile (rows of the row-major [N, K] weight, K contiguous as stored) and the
+    [BN] block scale of this K step: the swap-AB order."""
     mask = row_ok[:, None] & (offs_k[None, :] < K)
     w = tl.load(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * K + offs_k[None, :], mask=mask,
                 other=0.0)
     s = tl.load(s_ptr + expert * stride_se + (rows // 128) * scale_cols + k0 // 128, mask=row_ok,
                 other=0.0)
-    return w.to(tl.float32) * s[:, None]
+    return w, s
 
 
 @triton.jit
@@ -131,18 +131,25 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
     in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
     through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
-    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 w8a16 and
-    mxfp4 through dot_scaled): acc is [BN, BM] and gets W @ a.T: the weights dequantized in
-    registers are the dot's first operand, which Hopper's wgmma reads from registers, so they are
-    not written back to shared memory for the tensor cores as a second operand must be."""
+    scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 and mxfp4
+    through dot_scaled): acc is [BN, BM] and gets W @ a.T: the weights are the dot's first operand,
+    which Hopper's wgmma reads from registers where they were dequantized there (w8a16), and the
+    few rows of a decode block become the dot's N (wgmma's M is at least 64: as the first operand
+    a 16-row block would fill a quarter of it)."""
     if SWAP_AB and FORMAT == 2:
         packed, e8m0 = _mxfp4_packed_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, K, stride_we, stride_se,
                                           BLOCK_K)
         acc = tl.dot_scaled(packed, e8m0, "e2m1", tl.trans(a), None, A_FORMAT, acc)
+    elif SWAP_AB and A_FP8:
+        w, s = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                                scale_cols)
+        if DOT_F32:
+            w = w.to(tl.float32)
+        acc += tl.dot(w, tl.trans(a)) * s[:, None] * a_scale[None, :]
     elif SWAP_AB:
-        w = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
-                             scale_cols)
-        acc = tl.dot(w.to(a.dtype), tl.trans(a), acc)
+        w, s = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
+                                scale_cols)
+        acc = tl.dot((w.to(tl.float32) * s[:, None]).to(a.dtype), tl.trans(a), acc)
     elif FORMAT == 0:
         w = tl.load(w_ptr + expert * stride_we + rows[None, :].to(tl.int64) * K + offs_k[:, None],
                     mask=(offs_k[:, None] < K) & row_ok[None, :], other=0.0)
@@ -176,22 +183,14 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
 
 
 @triton.jit
-def _quantize_rows(a, FP8_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr):
-    """Per-row (1 x BK) dynamic fp8 quantization: (q, scale) with a ~= q * scale."""
-    amax = tl.max(tl.abs(a), axis=1)
-    scale = tl.maximum(amax, 1e-12) / FP8_MAX
-    q = tl.clamp(a / scale[:, None], -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q, scale
-
-
-@triton.jit
 def moe_gemm_kernel(
-    a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, sorted_routes_ptr, block_expert_ptr, topk_weights_ptr,
-    topk_ids_ptr, expert_map_ptr,
+    a_ptr, a_scale_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_scale_ptr, sorted_routes_ptr,
+    block_expert_ptr, topk_weights_ptr, topk_ids_ptr, expert_map_ptr,
     num_routes, num_experts, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride,
     up_offset, swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, A_QUANTIZED: tl.constexpr, OUT_FP8: tl.constexpr,
+    DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -200,7 +199,12 @@ def moe_gemm_kernel(
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
     out[route] = topk_weight[route] * (h[row] @ W2[e].T + b2).
     PER_ROUTE (few routes, no grouping launch): block b is route b alone, its expert read from
-    topk_ids here, and h has one row per route (row = route)."""
+    topk_ids here, and h has one row per route (row = route).
+    w8a8 (A_FP8, fp8 weights): fp8 x fp8 dots, the fp32 partial product of each 128-column K step
+    times the row's activation scale and the weight block's scale. A_QUANTIZED: `a` is e4m3 with
+    fp32 scales a_scale [rows, scale_cols]; else each K step's tile is quantized here. OUT_FP8
+    (FIRST, BLOCK_N 128: each N tile one 128-column group): h is written as e4m3 with its scales in
+    out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
@@ -251,8 +255,10 @@ def moe_gemm_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] * K + offs_k[None, :],
                     mask=live[:, None] & (offs_k[None, :] < K), other=0.0)
-        if A_FP8:
-            a, a_scale = _quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty, FP8_E4M3_MAX)
+        if A_QUANTIZED:
+            a_scale = tl.load(a_scale_ptr + a_rows * scale_cols + k0 // 128, mask=live, other=0.0)
+        elif A_FP8:
+            a, a_scale = quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty)
         if DOT_F32:
             a = a.to(tl.float32)
         acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
@@ -280,8 +286,16 @@ def moe_gemm_kernel(
         else:
             h = tl.maximum(acc, 0.0)
             h = h * h
-        tl.store(out_ptr + rows_m[:, None].to(tl.int64) * N + offs_n[None, :],
-                 h.to(out_ptr.dtype.element_ty), mask=out_mask)
+        if OUT_FP8:
+            # Columns past N hold zeros (their weight rows and bias were masked to 0, and every
+            # activation maps 0 to 0), so they do not change a row's max.
+            tl.static_assert(BLOCK_N == 128, "the fp8 epilogue quantizes one 128-column group per tile")
+            q, scale = quantize_rows(h, out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows_m[:, None].to(tl.int64) * N + offs_n[None, :], q, mask=out_mask)
+            tl.store(out_scale_ptr + rows_m.to(tl.int64) * tl.cdiv(N, 128) + pid_n, scale, mask=live)
+        else:
+            tl.store(out_ptr + rows_m[:, None].to(tl.int64) * N + offs_n[None, :],
+                     h.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         weight = tl.load(topk_weights_ptr + route, mask=live, other=0.0).to(tl.float32)
         y = acc * weight[:, None]

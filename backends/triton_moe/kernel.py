@@ -2,7 +2,8 @@
 de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
 ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
-experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. Scratch sizes depend
+experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 (fp8_act=True)
+adds one launch first, quantizing the input to e4m3 per row and 128 columns. Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
@@ -19,6 +20,8 @@ from backends.triton_moe import configs
 from backends.triton_moe.gemm import moe_gemm_kernel
 from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
+from backends.triton_moe.quant import FP8_GROUP, quantize_groups_kernel
+from backends.triton_moe.quant import GROUPS_PER_PROGRAM as QUANT_GROUPS_PER_PROGRAM
 from backends.triton_moe.routing import (
     align_routes_kernel,
     count_routes_kernel,
@@ -168,10 +171,11 @@ class TritonMoEKernel(MoEKernel):
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
         if self.spec.weight_format == "fp8_block128":
             path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+        quantize = int(config.fp8_act)
         if config.per_route:
-            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1, path)
+            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1 + quantize, path)
         programs, _ = align_programs(tokens * self.spec.top_k)
-        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
+        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1) + quantize, path)
 
     # --- weights -------------------------------------------------------------------------------
     def _prepare(self, weights) -> TritonMoEWeights:
@@ -193,22 +197,27 @@ class TritonMoEKernel(MoEKernel):
                                 bias(weights.b2), expert_map, gate_stride, up_offset)
 
     # --- per call ------------------------------------------------------------------------------
-    def _gemm(self, first: bool, a, w, s, bias, out, sorted_routes, block_expert, topk_weights, ids,
-              id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int, gate_stride: int,
-              up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool, per_route: bool):
+    def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
+              topk_weights, ids, id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int,
+              gate_stride: int, up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool,
+              per_route: bool):
+        """One expert GEMM launch. a_scale: the e4m3 input's scales (None: a is 16-bit, quantized in
+        registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype)."""
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
         blocks = num_routes if per_route else block_expert.shape[0]
         grid = (blocks * triton.cdiv(n, gemm.block_n),)
         moe_gemm_kernel[grid](
-            a, w, w if s is None else s, w if bias is None else bias, out, sorted_routes, block_expert,
+            a, w if a_scale is None else a_scale, w, w if s is None else s, w if bias is None else bias,
+            out, w if out_scale is None else out_scale, sorted_routes, block_expert,
             topk_weights, ids, id_map, num_routes, spec.num_experts, n, k, n_total, w.stride(0),
             0 if s is None else s.stride(0), math.ceil(k / 128), group, gate_stride, up_offset,
             float(spec.swiglu_alpha), float(spec.swiglu_limit),
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
-            A_FP8=fp8_act and fmt == "fp8_block128", DOT_F32=self.dot_f32,
+            A_FP8=fp8_act and fmt == "fp8_block128", A_QUANTIZED=a_scale is not None,
+            OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
@@ -276,8 +285,21 @@ class TritonMoEKernel(MoEKernel):
         cursor = torch.empty(bins, dtype=torch.int32, device=device)
         per_route = config.per_route
         # GEMM 1's output: a row per padded row of the blocks, or per route where each is a block.
-        h = torch.empty(routes if per_route else max_padded, I, dtype=x.dtype, device=device)
+        h_rows = routes if per_route else max_padded
+        fp8 = data.w13.dtype
+        h = torch.empty(h_rows, I, dtype=fp8 if config.h_fp8 else x.dtype, device=device)
+        h_scale = (torch.empty(h_rows, math.ceil(I / FP8_GROUP), dtype=torch.float32, device=device)
+                   if config.h_fp8 else None)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
+        x_q, x_scale = x, None
+        if config.fp8_act:
+            x_q = torch.empty(M, H, dtype=fp8, device=device)
+            x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
+
+        def quantize_x():
+            groups = math.ceil(H / FP8_GROUP)
+            quantize_groups_kernel[(M, triton.cdiv(groups, QUANT_GROUPS_PER_PROGRAM))](
+                x, x_q, x_scale, H, groups, GROUPS=QUANT_GROUPS_PER_PROGRAM)
 
         block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
 
@@ -305,13 +327,14 @@ class TritonMoEKernel(MoEKernel):
                 num_warps=ALIGN_WARPS)
 
         def gemm1():
-            self._gemm(True, x, data.w13, data.s13, data.b13, h, sorted_routes, block_expert, weights, ids,
-                       id_map, has_map, routes, I, H, spec.w13_rows, data.gate_stride, data.up_offset, bm,
-                       config.gemm1, config.fp8_act, per_route)
+            self._gemm(True, x_q, x_scale, data.w13, data.s13, data.b13, h, h_scale, sorted_routes,
+                       block_expert, weights, ids, id_map, has_map, routes, I, H, spec.w13_rows,
+                       data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, per_route)
 
         def gemm2():
-            self._gemm(False, h, data.w2, data.s2, data.b2, y, sorted_routes, block_expert, weights, ids,
-                       id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2, config.fp8_act, per_route)
+            self._gemm(False, h, h_scale, data.w2, data.s2, data.b2, y, None, sorted_routes, block_expert,
+                       weights, ids, id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2,
+                       config.fp8_act, per_route)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](
@@ -322,5 +345,7 @@ class TritonMoEKernel(MoEKernel):
                                                              ("scatter_routes", scatter_routes)]
         if per_route:
             grouping = []
-        return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
-                        dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, y=y))
+        quantize = [("quantize_x", quantize_x)] if config.fp8_act else []
+        return Launches(quantize + grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
+                        dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, h_scale=h_scale,
+                             x_q=x_q, x_scale=x_scale, y=y))

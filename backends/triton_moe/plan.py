@@ -25,6 +25,8 @@ class TritonMoEPlan:
                     f"per token, x topk weight, summed over its routes; {self.weight_path}. Why: {why}")
         grouping = (f"one BLOCK_M {c.block_m} block per route (grid {self.max_blocks})" if c.per_route else
                     f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks})")
+        if c.fp8_act:
+            grouping = "quantize x to e4m3 per 128 columns -> " + grouping
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                 f"{grouping} -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "

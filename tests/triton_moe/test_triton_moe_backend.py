@@ -103,6 +103,46 @@ def test_config_rule_is_valid_everywhere(profile, model):
             assert len(c.reasons) >= 2
 
 
+@pytest.mark.parametrize("profile", ("h100", "h200", "b200", "rtx5090"))
+@pytest.mark.parametrize("model", sorted(presets.PRESETS))
+def test_w8a8_rule_is_valid_everywhere(profile, model):
+    """fp8_act=True: one scale per K step (BLOCK_K 128), tiles that fit shared memory, h from GEMM
+    1's epilogue exactly where its N tiles are whole 128-column groups, swap-AB at decode with N
+    tiles of at least 64 (wgmma's M); the w8a16 GEMV where the rule takes it."""
+    gpu = hal.probe(profile=profile).gpus[0]
+    preset = presets.get(model)
+    if "fp8_block128" not in preset.formats:
+        return
+    s = preset.spec("fp8_block128")
+    for tokens in (1, 8, 64, 512, 4096, 65536):
+        c = configs.choose(s, gpu, tokens, fp8_act=True)
+        if c.gemv1 is not None:
+            default = configs.choose(s, gpu, tokens)
+            assert not c.fp8_act and (c.gemv1, c.gemv2) == (default.gemv1, default.gemv2)
+            continue
+        assert c.fp8_act and c.block_m <= configs.W8A8_MAX_BLOCK_M
+        decode = c.block_m <= 32
+        assert c.h_fp8 == (c.gemm1.block_n == 128)
+        for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
+            assert gemm.block_k == 128 and gemm.swap_ab == decode
+            assert 2 <= gemm.num_stages <= 4
+            assert gemm.block_n >= (configs.W8A8_DECODE_MIN_BLOCK_N if decode else 32)
+            assert _stage_bytes(c, gemm, tiles, "fp8_block128") * gemm.num_stages <= gpu.smem_per_block_optin
+
+
+def test_w8a8_asked_for_keeps_the_gemv_for_few_routes():
+    """deepseek-v3's EP rank at 1 token: the w8a16 GEMV (measured faster than w8a8 there); from 8
+    tokens w8a8 with the input quantized by a launch (5 launches)."""
+    from backends.triton_moe.kernel import TritonMoEKernel
+
+    ep_rank = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
+    kernel = TritonMoEKernel(ep_rank, target("h200"), fp8_act=True)
+    one = kernel.plan(1)
+    assert one.config.gemv1 is not None and not one.config.fp8_act and one.launches == 2
+    eight = kernel.plan(8)
+    assert eight.config.fp8_act and eight.launches == 5 and "quantize x" in eight.describe()
+
+
 def test_decode_tiles_shrink_to_fill_the_sms():
     gpu = hal.probe(profile="h200").gpus[0]
     c = configs.choose(spec(), gpu, 1)

@@ -6,11 +6,14 @@ there) on float16 activations; the GPU tests cover bf16."""
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import pytest
 import torch
 
 import hal
+from backends.reference import activation, dequant
 from backends.triton_moe import kernel as kernel_module
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
@@ -161,9 +164,70 @@ def test_fp8_swap_ab(M, oracle, weights_for):
     run_layer(spec, M, oracle, weights_for, kernel=kernel)
 
 
-def test_w8a8(oracle_w8a8, weights_for):
-    spec = small_spec("fp8_block128", "silu", bias=True, ep=True, H=200, I=136)
-    run_layer(spec, 6, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, CPU, fp8_act=True))
+@pytest.mark.parametrize("M,activation,H,I,swap_ab,experts,top_k", [
+    (6, "silu", 200, 136, None, 6, 2),  # decode: swap-AB, 64-wide N tiles, h quantized in GEMM 2
+    (6, "relu2", 200, 136, False, 6, 2),  # decode in the usual operand order
+    (4, "swiglu_oai", 128, 2048, None, 16, 8),  # decode, 128-wide N tiles: h from GEMM 1's epilogue
+    (130, "swiglu_oai", 200, 200, None, 6, 2),  # prefill, I % 128 != 0
+    (130, "silu", 200, 256, None, 6, 2),
+    (130, "relu2", 200, 256, True, 6, 2),  # prefill with swap-AB
+])
+def test_w8a8(M, activation, H, I, swap_ab, experts, top_k, oracle_w8a8, weights_for):
+    """x quantized by the launch before GEMM 1 at every size; h by GEMM 1's epilogue (128-wide N
+    tiles) or in GEMM 2's registers."""
+    spec = small_spec("fp8_block128", activation, bias=True, ep=True, experts=experts, top_k=top_k, H=H, I=I)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True, swap_ab=swap_ab)
+    plan = kernel.plan(M)
+    config = plan.config
+    assert config.fp8_act and config.gemm1.swap_ab == ((M < 64 and swap_ab is None) or bool(swap_ab))
+    assert "quantize x" in plan.describe()
+    assert config.h_fp8 == (config.gemm1.block_n == 128) == (M >= 64 or I == 2048)
+    run_layer(spec, M, functools.partial(oracle_w8a8, h_fp8=config.h_fp8), weights_for, kernel=kernel)
+
+
+def test_w8a8_asked_for_keeps_the_gemv(oracle, weights_for):
+    """Few routes over many experts: with fp8_act=True the rule keeps the w8a16 GEMV path (faster
+    there, and within the contract of the plain oracle)."""
+    spec = small_spec("fp8_block128", "silu", bias=True, ep=True, experts=16, H=200, I=136)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True)
+    config = kernel.plan(2).config
+    assert config.gemv1 is not None and not config.fp8_act
+    run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
+@pytest.mark.parametrize("I", [256, 200])
+def test_w8a8_quantized_activations(I, weights_for, e4m3_groups):
+    """The per-call quantization of x and GEMM 1's fp8 epilogue, read between the launches: the
+    e4m3 values and scales of x, and of h against the float64 activation of x's own e4m3 values
+    (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized)."""
+    spec = small_spec("fp8_block128", "silu", bias=True, experts=4, top_k=2, H=200, I=I)
+    kernel = TritonMoEKernel(spec, CPU, fp8_act=True)
+    M = 130
+    w = weights_for(spec, 0, "cpu")
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=2)
+    tw, ti = random_routing(spec, M, seed=3)
+    call = kernel.launches(x, tw, ti, prepared.data, poison(torch.empty_like(x)))
+    assert [name for name, _ in call.stages][0] == "quantize_x"
+    for name, launch in call.stages:
+        launch()
+        if name == "gemm1":
+            break
+    check_e4m3_groups, dequantize_groups = e4m3_groups
+    scratch = call.scratch
+    assert scratch["x_q"].dtype == torch.float8_e4m3fn and scratch["h"].dtype == torch.float8_e4m3fn
+    check_e4m3_groups(scratch["x_q"], scratch["x_scale"], x.double())
+    x_deq = dequantize_groups(scratch["x_q"], scratch["x_scale"])
+    bm = kernel.plan(M).config.block_m
+    rows = scratch["sorted_routes"]
+    live = torch.nonzero(rows < M * spec.top_k).flatten()
+    routes = rows[live].long()
+    experts = scratch["block_expert"][live // bm].long()
+    w13 = dequant.w13(spec, w, torch.float64)
+    g = torch.einsum("rh,rnh->rn", x_deq[routes // spec.top_k], w13[experts])
+    g = g + w.b13.double()[experts]
+    h_ref = activation.apply(spec, g)
+    check_e4m3_groups(scratch["h"][live], scratch["h_scale"][live], h_ref)
 
 
 @pytest.mark.parametrize("swap_ab", [False, True])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hal
+from backends.reference import activation, dequant
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
 from hal.synth import random_routing, random_tokens
@@ -86,8 +87,86 @@ def test_fp8_w8a8(activation, M, oracle_w8a8, weights_for):
     """w8a8 against the oracle that quantizes the activations the same way (its error against the
     plain float64 oracle is ~4% on random data, above the contract: it is asked for explicitly)."""
     spec = make_spec("fp8_block128", activation, bias=True, ep=True)
-    run_case(spec, M, oracle_w8a8, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), fp8_act=True),
-             drop=0.1)
+    kernel = TritonMoEKernel(spec, cuda_target(), fp8_act=True)
+    oracle = functools.partial(oracle_w8a8, h_fp8=kernel.plan(M).config.h_fp8)
+    run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
+
+
+@pytest.mark.parametrize("swap_ab", [True, False])
+@pytest.mark.parametrize("M", [3, 300])
+def test_fp8_w8a8_operand_orders(swap_ab, M, oracle_w8a8, weights_for):
+    """w8a8 with the weights as the dot's first operand (the rule's decode order) and second (its
+    prefill order), each at decode and prefill sizes: h quantized in GEMM 2 or by GEMM 1's
+    epilogue."""
+    spec = make_spec("fp8_block128", "swiglu_oai", bias=True, shape=(384, 256))
+    kernel = TritonMoEKernel(spec, cuda_target(), fp8_act=True, swap_ab=swap_ab)
+    config = kernel.plan(M).config
+    assert config.gemm1.swap_ab == swap_ab
+    oracle = functools.partial(oracle_w8a8, h_fp8=config.h_fp8)
+    run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
+
+
+@pytest.mark.parametrize("H,I", [(384, 256), (328, 200)])
+def test_fp8_w8a8_quantized_activations(H, I, weights_for, e4m3_groups):
+    """The quantization launch and GEMM 1's fp8 epilogue on the GPU: e4m3 values within rounding of
+    what they stand for (x itself; h against the float64 GEMM of x's own e4m3 values), each 128-column
+    slice's max at +-448 and its scale max / 448."""
+    spec = make_spec("fp8_block128", "silu", bias=True, shape=(H, I))
+    kernel = TritonMoEKernel(spec, cuda_target(), fp8_act=True)
+    M = 300
+    w = weights_for(spec, 0, DEVICE)
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=2, device=DEVICE)
+    tw, ti = random_routing(spec, M, seed=3, device=DEVICE)
+    call = kernel.launches(x, tw, ti, prepared.data, poison(torch.empty_like(x)))
+    for name, launch in call.stages:
+        launch()
+        if name == "gemm1":
+            break
+    torch.cuda.synchronize()
+    check_e4m3_groups, dequantize_groups = e4m3_groups
+    sc = {k: (None if v is None else v.cpu()) for k, v in call.scratch.items()}
+    assert sc["h"].dtype == torch.float8_e4m3fn
+    x64 = x.cpu().double()
+    check_e4m3_groups(sc["x_q"], sc["x_scale"], x64)
+    x_deq = dequantize_groups(sc["x_q"], sc["x_scale"])
+    live = torch.nonzero(sc["sorted_routes"] < M * spec.top_k).flatten()
+    routes = sc["sorted_routes"][live].long()
+    experts = sc["block_expert"][live // kernel.plan(M).config.block_m].long()
+    wc = _cpu(w)
+    g = torch.einsum("rh,rnh->rn", x_deq[routes // spec.top_k], dequant.w13(spec, wc, torch.float64)[experts])
+    h_ref = activation.apply(spec, g + wc.b13.double()[experts])
+    # Hopper's fp8 dots add their products with fewer than fp32's bits (~2^-13 relative per K
+    # step), far inside e4m3's 2^-4.
+    check_e4m3_groups(sc["h"][live], sc["h_scale"][live], h_ref, rtol_scale=1e-3)
+
+
+@pytest.mark.parametrize("M", [24, 300])
+def test_fp8_w8a8_graph_capture(M, oracle_w8a8, weights_for):
+    """w8a8 captured once (with the quantization launch at 300 tokens) replays new inputs."""
+    spec = make_spec("fp8_block128", "silu", bias=True, ep=True)
+    kernel = TritonMoEKernel(spec, cuda_target(), fp8_act=True)
+    w = weights_for(spec, 0, DEVICE)
+    prepared = kernel.prepare_weights(w)
+    x = random_tokens(spec, M, seed=1, device=DEVICE)
+    tw, ti = random_routing(spec, M, seed=2, device=DEVICE)
+    out = torch.empty_like(x)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        kernel(x, tw, ti, prepared, out=out, check=False)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        kernel(x, tw, ti, prepared, out=out, check=False)
+    x.copy_(random_tokens(spec, M, seed=5, device=DEVICE))
+    new_tw, new_ti = random_routing(spec, M, "concentrated", seed=5, device=DEVICE)
+    tw.copy_(new_tw)
+    ti.copy_(new_ti)
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = oracle_w8a8(spec, x.cpu(), tw.cpu(), ti.cpu(), _cpu(w), h_fp8=kernel.plan(M).config.h_fp8)
+    assert rel_err(out.cpu(), ref) <= ACCURACY
 
 
 @pytest.mark.parametrize("path", ["dot_scaled", "bits"])
