@@ -597,8 +597,6 @@ bool brgemm_packs_bf16() { return at::native::cpublas::could_pack(at::kBFloat16)
 
 std::string isa_name() { return isa::kName; }
 
-
-
 }  // namespace
 }  // namespace hal_moe
 
