@@ -37,7 +37,6 @@ import argparse
 import importlib.util
 import json
 import math
-import statistics
 import sys
 import time
 
@@ -48,6 +47,7 @@ from backends.reference.ops import requant_fp8
 from backends.requant import tuning
 from backends.requant.geometry import RequantGeometry, pow2_floor, requant_launch_geometry
 from backends.requant.op import fp8_per_token_to_per_tensor
+from hal.bench.interleaved import time_sides
 from hal.bench.requant import skewed_rows
 from hal.synth import random_masked_inputs
 from hal.testing.poison import is_poison
@@ -115,52 +115,6 @@ def byte_errors(out, ref, masked_m) -> int:
     live = (torch.arange(out.shape[1], device=out.device)[None, :] < masked_m[:, None])[..., None]
     wrong = (out.view(torch.uint8) != ref.view(torch.uint8)) & live
     return int(wrong.sum()) + int((~is_poison(out) & ~live).sum())
-
-
-def capture(calls):
-    calls[0]()  # compiles; the captured calls then only launch
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
-    return graph
-
-
-def time_sides(sides: dict, iters: int, device: str) -> dict:
-    """{name: median seconds per call}; samples alternate between the sides."""
-    if device == "cpu":
-        samples = {name: [] for name in sides}
-        for _ in range(iters):
-            for name, calls in sides.items():
-                start = time.perf_counter()
-                for call in calls:
-                    call()
-                samples[name].append((time.perf_counter() - start) / len(calls))
-        return {name: statistics.median(s) for name, s in samples.items()}
-    graphs = {name: capture(calls) for name, calls in sides.items()}
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    repeats = {}
-    for name, graph in graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        repeats[name] = max(1, math.ceil(MIN_SAMPLE_S / max(start.elapsed_time(stop) / 1e3, 1e-7)))
-    samples = {name: [] for name in graphs}
-    for _ in range(iters):
-        for name, graph in graphs.items():
-            start.record()
-            for _ in range(repeats[name]):
-                graph.replay()
-            stop.record()
-            stop.synchronize()
-            samples[name].append(start.elapsed_time(stop) / 1e3 / repeats[name] / len(sides[name]))
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def candidate_geometries(num_groups: int, experts: int, expected, max_m: int, rule,
@@ -233,7 +187,7 @@ def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, o
     outs = [poisoned_like(s[0]) for s in sets]
     sides = {name: [lambda f=f, s=s, o=o: f(s, o) for s, o in zip(sets, outs, strict=True)]
              for name, f in launches.items()}
-    seconds = time_sides(sides, iters, device)
+    seconds = time_sides(sides, iters, device, MIN_SAMPLE_S)
     errors = {}
     for name, f in launches.items():
         outs[0].fill_(float("nan"))

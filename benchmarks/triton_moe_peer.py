@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 
@@ -39,6 +38,7 @@ from backends.triton_moe.kernel import TritonMoEKernel
 from hal import presets
 from hal.backend import Target
 from hal.bench import ceilings as ceiling_probe
+from hal.bench.interleaved import time_sides
 from hal.spec import MoEWeights
 from hal.testing.accuracy import rel_err
 
@@ -137,57 +137,8 @@ def fp8_matmul_tflops(device, bf16_tflops: float) -> float:
     b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
     one = torch.ones((), device=device)
     call = (lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
-    seconds = time_sides({"mm": [call]}, 10, device)["mm"]
+    seconds = time_sides({"mm": [call]}, 10, device, MIN_SAMPLE_S)["mm"]
     return 2 * n**3 / seconds / 1e12
-
-
-def _capture(calls):
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    stream.synchronize()
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
-    return graph
-
-
-def time_sides(sides: dict, iters: int, device: str) -> dict:
-    """{name: median seconds per call}: each side's calls (one per input set) captured in one CUDA
-    graph; samples alternate between the sides. On CPU, wall clock around the calls."""
-    if device == "cpu":
-        samples = {name: [] for name in sides}
-        for _ in range(iters):
-            for name, calls in sides.items():
-                start = time.perf_counter()
-                for call in calls:
-                    call()
-                samples[name].append((time.perf_counter() - start) / len(calls))
-        return {name: statistics.median(s) for name, s in samples.items()}
-    graphs = {name: _capture(calls) for name, calls in sides.items()}
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    repeats = {}
-    for name, graph in graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        repeats[name] = max(1, math.ceil(MIN_SAMPLE_S / max(start.elapsed_time(stop) / 1e3, 1e-7)))
-    samples = {name: [] for name in graphs}
-    for _ in range(iters):
-        for name, graph in graphs.items():
-            start.record()
-            for _ in range(repeats[name]):
-                graph.replay()
-            stop.record()
-            stop.synchronize()
-            samples[name].append(start.elapsed_time(stop) / 1e3 / repeats[name] / len(sides[name]))
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 @attrs.frozen
@@ -299,7 +250,7 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
         return None
     diff = (rel_err(outs["ours"][0], outs["peer"][0]) if same_weights and "peer" in sides and "ours" in sides
             else None)
-    times = time_sides(sides, iters, device)
+    times = time_sides(sides, iters, device, MIN_SAMPLE_S)
     flops = routes * spec.flops_per_token()
 
     def roof(fmt_spec, seconds, touched=touched, flops=flops):
