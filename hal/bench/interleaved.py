@@ -11,20 +11,7 @@ import time
 
 import torch
 
-
-def capture(calls) -> torch.cuda.CUDAGraph:
-    """Every call run once on a side stream (compiles and allocates), then all captured in order."""
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    stream.synchronize()
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
-    return graph
+from hal.bench.timing import capture_graph
 
 
 def time_sides(sides: dict, iters: int, device: str, min_sample_s: float) -> dict:
@@ -38,7 +25,7 @@ def time_sides(sides: dict, iters: int, device: str, min_sample_s: float) -> dic
                     call()
                 samples[name].append((time.perf_counter() - start) / len(calls))
         return {name: statistics.median(s) for name, s in samples.items()}
-    graphs = {name: capture(calls) for name, calls in sides.items()}
+    graphs = {name: capture_graph(calls) for name, calls in sides.items()}
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     repeats = {}
     for name, graph in graphs.items():

@@ -47,21 +47,31 @@ def time_cpu(calls: Sequence[Callable[[], object]], warmup: int = DEFAULT_WARMUP
     return Timing.of(samples, "wall")
 
 
+def capture_graph(calls):
+    """The calls captured in order in one CUDA graph, after a first pass on the capture's side stream
+    (which capture requires, and which compiles and allocates); raises where they cannot be captured."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    return graph
+
+
 def _capture(calls):
     """The calls as one CUDA graph's replay, or None when they cannot be captured (a kernel that
     syncs with the host)."""
     import torch
 
     try:
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            for call in calls:  # a first pass on the side stream, as capture requires
-                call()
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for call in calls:
-                call()
+        graph = capture_graph(calls)
     except Exception:
         torch.cuda.synchronize()
         return None

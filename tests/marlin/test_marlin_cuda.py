@@ -19,6 +19,7 @@ from backends.marlin import configs, repack
 from backends.marlin.kernel import MarlinMoEKernel
 from backends.reference import dequant, ops
 from hal.backend import Target
+from hal.bench.timing import capture_graph
 from hal.synth import random_expert_map, random_routing, random_tokens, random_weights
 from hal.testing import poison
 
@@ -204,13 +205,7 @@ def test_cuda_graph_replay_matches_eager():
     tw, ti = random_routing(spec, 16, seed=2, device=DEVICE)
     eager = kernel(x, tw, ti, prepared)
     out = torch.empty_like(x)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
+    graph = capture_graph([lambda: kernel(x, tw, ti, prepared, out=out, check=False)])
     poison(out)
     graph.replay()
     torch.cuda.synchronize()

@@ -15,6 +15,7 @@ import hal
 from backends.reference import activation, dequant
 from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
+from hal.bench.timing import capture_graph
 from hal.synth import random_routing, random_tokens
 from hal.testing import ACCURACY, is_poison, poison, rel_err
 
@@ -155,13 +156,7 @@ def test_fp8_w8a8_graph_capture(M, oracle_w8a8, weights_for):
     x = random_tokens(spec, M, seed=1, device=DEVICE)
     tw, ti = random_routing(spec, M, seed=2, device=DEVICE)
     out = torch.empty_like(x)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
+    graph = capture_graph([lambda: kernel(x, tw, ti, prepared, out=out, check=False)])
     x.copy_(random_tokens(spec, M, seed=5, device=DEVICE))
     new_tw, new_ti = random_routing(spec, M, seed=5, device=DEVICE)
     tw.copy_(new_tw)
@@ -292,13 +287,7 @@ def test_graph_capture_replays_new_routing(M, experts, oracle, weights_for):
     x = random_tokens(spec, M, seed=1, device=DEVICE)
     tw, ti = random_routing(spec, M, seed=2, device=DEVICE)
     out = torch.empty_like(x)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        kernel(x, tw, ti, prepared, out=out, check=False)
+    graph = capture_graph([lambda: kernel(x, tw, ti, prepared, out=out, check=False)])
     for seed in (5, 6):
         x.copy_(random_tokens(spec, M, seed=seed, device=DEVICE))
         new_tw, new_ti = random_routing(spec, M, "concentrated", seed=seed, device=DEVICE)
