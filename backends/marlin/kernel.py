@@ -20,6 +20,7 @@ ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in mar
 
 @attrs.frozen
 class MarlinWeights:
+    # GEMM 1's columns in repack.gate_up_columns order
     w13: torch.Tensor  # int32 [E, w13_rows/64, H/16, 32, 4]
     s13: torch.Tensor  # [E, G, w13_rows] activation dtype
     w2: torch.Tensor  # int32 [E, H/64, I/16, 32, 4]
@@ -99,14 +100,17 @@ class MarlinMoEKernel(MoEKernel):
         H, I = spec.hidden_size, spec.intermediate_size
         whole = spec.group_size == -1
         bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
+        # GEMM 1's columns in the order its epilogue activates them (repack.gate_up_columns).
+        cols = repack.gate_up_columns(spec.activation, I).to(weights.w13.device)
+        b13 = None if weights.b13 is None else weights.b13.index_select(-1, cols.to(weights.b13.device))
         return MarlinWeights(
-            w13=repack.repack(weights.w13, "weights.w13"),
-            s13=weights.w13_scale.contiguous(),
+            w13=repack.repack(weights.w13.index_select(-1, cols), "weights.w13"),
+            s13=weights.w13_scale.index_select(-1, cols.to(weights.w13_scale.device)).contiguous(),
             w2=repack.repack(weights.w2, "weights.w2"),
             s2=weights.w2_scale.contiguous(),
             group13=H if whole else spec.group_size,
             group2=I if whole else spec.group_size,
-            b13=bias(weights.b13),
+            b13=bias(b13),
             b2=bias(weights.b2),
             expert_map=None if expert_map is None else expert_map.contiguous(),
         )

@@ -85,7 +85,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> route(const Tensor& topk_ids,
                                           static_cast<int>(num_experts), static_cast<int>(block_m),
                                           map, sorted.data_ptr<int>(),
                                           block_expert.data_ptr<int>(), num_blocks.data_ptr<int>(),
-                                          route_expert.data_ptr<int>()},
+                                          route_expert.data_ptr<int>(), nullptr, 0},
                  c10::cuda::getCurrentCUDAStream()),
              "moe_route launch");
   return {sorted, block_expert, num_blocks, route_expert};
@@ -137,6 +137,8 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   const hal_marlin::KernelInfo info13 = info_of(config13);
   const hal_marlin::KernelInfo info2 = info_of(config2);
   TORCH_CHECK(info13.block_m == info2.block_m, "config13 and config2 must share block_m");
+  TORCH_CHECK(x.size(1) % 64 == 0 && s13.size(2) % 64 == 0,
+              "hidden size and GEMM 1's columns must be multiples of 64 (the arrival counters' tile)");
   const int64_t tokens = x.size(0), top_k = topk_ids.size(1), hidden = x.size(1);
   const int64_t w13_rows = s13.size(2);
   const int64_t routes = tokens * top_k;
@@ -148,9 +150,13 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   Tensor block_expert = at::empty({max_blocks}, opts_i);
   Tensor num_blocks = at::empty({1}, opts_i);
   Tensor route_expert = at::empty({routes}, opts_i);
-  Tensor c1 = at::empty({splits13, routes, w13_rows}, opts_f);
+  // With one K split GEMM 1 activates in registers: no partials and no arrival counters.
+  const bool split13 = splits13 > 1;
+  Tensor c1 = at::empty({split13 ? splits13 * routes * w13_rows : 0}, opts_f);
+  Tensor block_arrivals = at::empty({split13 ? max_blocks * (w13_rows / 64) : 0}, opts_i);
   Tensor a2 = at::empty({routes, inter}, x.options());
   Tensor acc = at::empty({tokens, hidden}, opts_f);
+  Tensor token_arrivals = at::empty({tokens * (hidden / 64)}, opts_i);
   const int* map = nullptr;
   if (expert_map.has_value()) {
     check_on(*expert_map, x, "expert_map");
@@ -190,9 +196,11 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.block_expert = block_expert.data_ptr<int>();
   p.num_blocks = num_blocks.data_ptr<int>();
   p.route_expert = route_expert.data_ptr<int>();
-  p.c1 = c1.data_ptr<float>();
+  p.c1 = split13 ? c1.data_ptr<float>() : nullptr;
+  p.block_arrivals = split13 ? block_arrivals.data_ptr<int>() : nullptr;
   p.a2 = a2.data_ptr();
   p.acc = acc.data_ptr<float>();
+  p.token_arrivals = token_arrivals.data_ptr<int>();
   check_cuda(hal_marlin::run_moe(p, c10::cuda::getCurrentCUDAStream()), "marlin moe launch");
 }
 

@@ -52,12 +52,16 @@ struct RouteProblem {
   int* block_expert;      // [max_blocks]
   int* num_blocks;        // [1]
   int* route_expert;      // [routes]
+  int* block_arrivals;    // [max_blocks][arrival_stride], zeroed for the blocks made; or null
+  int arrival_stride;
 };
 
 cudaError_t run_route(const RouteProblem& r, cudaStream_t stream);
 
-// Whole layer: route, GEMM 1 (K-split partials), activation (sums the partials, zeroes acc),
-// GEMM 2 (weighted by topk_weights, atomically summed per token), rounding to the dtype.
+// Whole layer in three launches: route; GEMM 1 with the activation in its epilogue (K-split
+// partials summed by the last split of each tile), which also zeroes GEMM 2's accumulator; GEMM 2
+// weighted by topk_weights, atomically summed per token, each token's tile rounded to the dtype by
+// its last arrival.
 struct MoeProblem {
   const void* x;
   const float* topk_weights;
@@ -83,9 +87,11 @@ struct MoeProblem {
   int* block_expert;
   int* num_blocks;
   int* route_expert;
-  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split
+  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split (splits13 > 1)
+  int* block_arrivals;  // [max_blocks][w13_rows / 64] (splits13 > 1)
   void* a2;    // [routes][inter], activation dtype
   float* acc;  // [tokens][hidden], GEMM 2's fp32 sums over splits and top-k routes
+  int* token_arrivals;  // [tokens][hidden / 64]
 };
 
 cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream);

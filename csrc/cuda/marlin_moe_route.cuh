@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     moe_route(const IdT* __restrict__ topk_ids, int routes, int num_experts, int local_experts,
               const int* __restrict__ expert_map, bool keep_remote, int block_m,
               int* __restrict__ sorted_routes, int* __restrict__ block_expert,
-              int* __restrict__ num_blocks, int* __restrict__ route_expert) {
+              int* __restrict__ num_blocks, int* __restrict__ route_expert,
+              int* __restrict__ block_arrivals, int arrival_stride) {
   extern __shared__ int route_smem[];
   int* counts = route_smem;
   int* first_block = route_smem + num_experts;
@@ -85,6 +86,10 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   if (tid == 0) *num_blocks = total;
   for (int i = tid; i < total * block_m; i += kRouteThreads) sorted_routes[i] = routes;
+  // GEMM 1's per-(block, column tile) arrival counters (kStoreThenActivate), when it splits K.
+  if (block_arrivals != nullptr) {
+    for (int i = tid; i < total * arrival_stride; i += kRouteThreads) block_arrivals[i] = 0;
+  }
   __syncthreads();  // padding written and first_block known before the scatter overwrites slots
 
   for (int e = tid; e < num_experts; e += kRouteThreads) counts[e] = 0;
