@@ -151,4 +151,4 @@ class MarlinMoEKernel(MoEKernel):
                 data.group13, data.group2, choice.gemm13.config.index, choice.gemm13.splits,
                 choice.gemm2.config.index, choice.gemm2.splits,
                 configs.grid_m(spec, x.shape[0], choice.block_m), ACTIVATION_CODES[spec.activation],
-                float(spec.swiglu_alpha), float(spec.swiglu_limit))
+                float(spec.swiglu_alpha), float(spec.swiglu_limit), True)

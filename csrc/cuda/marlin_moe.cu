@@ -25,19 +25,43 @@ using T = std::conditional_t<HAL_MARLIN_FP16 != 0, __half, __nv_bfloat16>;
 constexpr bool kIsEP = HAL_MARLIN_IS_EP != 0;
 constexpr bool kHasBias = HAL_MARLIN_HAS_BIAS != 0;
 
-using Launch = cudaError_t (*)(const GemmParams<T>&, int, int, cudaStream_t);  // (params, grid_m, splits)
+// (params, grid_m, splits, programmatic: may start before the previous kernel of the stream ends)
+using Launch = cudaError_t (*)(const GemmParams<T>&, int, int, bool, cudaStream_t);
 
 template <int BM, int TK, int TN, int TH, int ST>
-cudaError_t launch_gemm(const GemmParams<T>& p, int grid_m, int splits, cudaStream_t stream) {
+cudaError_t launch_gemm(const GemmParams<T>& p, int grid_m, int splits, bool programmatic,
+                        cudaStream_t stream) {
   constexpr auto kernel = marlin_moe_gemm<T, BM, TK, TN, TH, ST, kIsEP, kHasBias>;
   constexpr int smem = Tile<BM, TK, TN, TH, ST>::kSmemBytes;
   // Above 48 KiB a kernel must opt in once per process before its first launch.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (opt_in != cudaSuccess) return opt_in;
-  const dim3 grid(grid_m, p.n / TN, splits);
-  kernel<<<grid, TH, smem, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid_m, p.n / TN, splits);
+  config.blockDim = dim3(TH);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+// Programmatic dependent launch needs sm_90; asked once per device.
+bool programmatic_launch_supported() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  static int known[64] = {};  // 0 unknown, 1 no, 2 yes
+  if (device < 0 || device >= 64) return false;
+  if (known[device] == 0) {
+    const bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                         cudaSuccess && major >= 9;
+    known[device] = yes ? 2 : 1;
+  }
+  return known[device] == 2;
 }
 
 struct Entry {
@@ -111,7 +135,7 @@ cudaError_t kernel_info(int config, KernelInfo* info) {
 cudaError_t run_gemm(const GemmProblem& g, cudaStream_t stream) {
   const cudaError_t bad = check_gemm(g);
   if (bad != cudaSuccess) return bad;
-  return kEntries[g.config].launch(plain_params(g), g.grid_m, g.splits, stream);
+  return kEntries[g.config].launch(plain_params(g), g.grid_m, g.splits, false, stream);
 }
 
 cudaError_t run_route(const RouteProblem& r, cudaStream_t stream) {
@@ -161,7 +185,11 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   p1.arrival_stride = p.w13_rows / 64;
   p1.init = LayerInit<T>{p.acc, static_cast<T*>(p.out), p.token_arrivals, p.route_expert, p.tokens,
                          p.top_k, p.hidden, p.splits2};
-  if ((err = kEntries[p.config13].launch(p1, p.grid_m, p.splits13, stream)) != cudaSuccess) return err;
+  // GEMM 1 launches while the routing runs and waits for it; GEMM 2 launches when every GEMM 1
+  // block is on its last MoE block, prefetches its first weights into L2, then waits for GEMM 1.
+  const bool programmatic = p.programmatic && programmatic_launch_supported();
+  if ((err = kEntries[p.config13].launch(p1, p.grid_m, p.splits13, programmatic, stream)) != cudaSuccess)
+    return err;
 
   const GemmProblem g2{p.a2, 1, p.w2, p.s2, p.group2, p.b2, p.topk_weights, p.sorted_routes,
                        p.block_expert, p.num_blocks, p.acc, 0, p.top_k, true, routes, p.hidden,
@@ -173,7 +201,8 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   p2.arrival_stride = p.hidden / 64;
   p2.arrival_target = p.top_k * p.splits2;
   p2.out = static_cast<T*>(p.out);
-  return kEntries[p.config2].launch(p2, p.grid_m, p.splits2, stream);
+  p2.prefetch_before_wait = true;
+  return kEntries[p.config2].launch(p2, p.grid_m, p.splits2, programmatic, stream);
 }
 
 }  // namespace hal_marlin

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "marlin_moe_pdl.cuh"
 #include "marlin_moe_pointwise.cuh"
 
 namespace hal_marlin {
@@ -84,6 +85,9 @@ struct GemmParams {
   int arrival_target;         // kAtomicThenRound: top_k * K splits
   T* out;                     // kAtomicThenRound: [routes / c_row_div][n]
   LayerInit<T> init;
+  // Launched before the previous kernel of the stream completes (GEMM 2 of a layer): the routing
+  // is done, the activations are not, so each block first prefetches its first weights into L2.
+  bool prefetch_before_wait;
 };
 
 template <typename T>
@@ -522,6 +526,25 @@ __device__ __forceinline__ void finish_tile(const GemmParams<T>& p, const int bl
   }
 }
 
+// Bytes of weights a block prefetches into L2 before waiting for its inputs: with the H200's 132
+// SMs x 4 blocks that is at most ~17 MB, about what streams during the previous kernel's tail.
+constexpr int kPrefetchBytesPerBlock = 32768;
+
+// The first weights of this block's first MoE block and K slice, into L2 (one bulk prefetch per
+// 64-column slab, each contiguous along K in the repacked layout).
+template <typename T, int TN>
+__device__ __forceinline__ void prefetch_weights_l2(const GemmParams<T>& p, const int expert) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kSlabs = TN / 64;
+  if (threadIdx.x >= kSlabs) return;
+  const int k_prefetch = min(p.k_slice, kPrefetchBytesPerBlock / kSlabs / 32);  // 32 B per k per slab
+  const size_t k16_total = p.k / 16;
+  const size_t slab = static_cast<size_t>(expert) * (p.n / 64) + blockIdx.y * kSlabs + threadIdx.x;
+  const int4* src = p.w + (slab * k16_total + blockIdx.z * (p.k_slice / 16)) * 32;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(k_prefetch * 32) : "memory");
+#endif
+}
+
 template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kIsEP, bool kHasBias>
 __global__ void __launch_bounds__(THREADS, (Tile<BM, TK, TN, THREADS, STAGES>::kMinBlocksPerSm))
 marlin_moe_gemm(const GemmParams<T> p) {
@@ -529,9 +552,16 @@ marlin_moe_gemm(const GemmParams<T> p) {
   __shared__ int s_routes[BM];
   __shared__ int s_last[BM];
   const int tid = threadIdx.x;
+  // GEMM 2's predecessor is GEMM 1, which started after the routing completed: the routing's
+  // output may be read before the wait. GEMM 1's predecessor is the routing itself.
+  if (p.prefetch_before_wait && blockIdx.x < *p.num_blocks) {
+    const int expert = p.block_expert[blockIdx.x];
+    if (expert >= 0) prefetch_weights_l2<T, TN>(p, expert);
+  }
+  grid_dependency_wait();
+  const int num_blocks = *p.num_blocks;
   if (p.init.acc != nullptr) layer_init(p.init);
   const bool arrive = p.mode == kStoreThenActivate || p.mode == kAtomicThenRound;
-  const int num_blocks = *p.num_blocks;
   // The grid holds about as many blocks in x as the planner expects MoE blocks (the routing's
   // count is on the device); each thread block walks the MoE blocks gridDim.x apart, so any
   // routing is covered and no launch is sized for the worst case.
@@ -540,6 +570,9 @@ marlin_moe_gemm(const GemmParams<T> p) {
     if constexpr (kIsEP) {
       if (expert < 0) continue;  // every route of this block goes to another rank's expert
     }
+    // The last MoE block of this thread block: the next kernel may launch once every thread block
+    // got here (its blocks then fill the SMs this grid's tail leaves idle).
+    if (block + static_cast<int>(gridDim.x) >= num_blocks) allow_dependents();
     __syncthreads();  // the previous MoE block is done with shared memory and s_routes
     if (tid < BM) s_routes[tid] = p.sorted_routes[block * BM + tid];
     __syncthreads();

@@ -82,6 +82,9 @@ struct MoeProblem {
   int activation;  // Activation in marlin_moe_pointwise.cuh
   float alpha, limit;
   int grid_m;  // see GemmProblem
+  // Launch GEMM 1 and GEMM 2 as programmatic dependents (sm_90; ignored elsewhere): each starts
+  // before its predecessor ends and waits on the device (marlin_moe_pdl.cuh).
+  bool programmatic;
   // workspace, sized for the worst-case block count
   int* sorted_routes;
   int* block_expert;

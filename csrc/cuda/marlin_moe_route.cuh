@@ -8,6 +8,8 @@
 #include <cub/block/block_scan.cuh>
 #include <stdint.h>
 
+#include "marlin_moe_pdl.cuh"
+
 namespace hal_marlin {
 
 constexpr int kRouteThreads = 1024;
@@ -33,6 +35,9 @@ __global__ void __launch_bounds__(kRouteThreads)
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int tid = threadIdx.x;
+  // GEMM 1 may launch now: its blocks wait for this kernel's output before reading any of it, and
+  // this one block leaves the rest of the GPU to them.
+  allow_dependents();
 
   auto local_of = [&](int e) { return expert_map != nullptr ? expert_map[e] : e; };
   // The global expert a route is sorted under, or -1 when it is left out.
