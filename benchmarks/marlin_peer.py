@@ -233,7 +233,7 @@ def forced_choice(kernel, tokens: int, block_m: int, config, n: int, k: int):
         return None
 
 
-def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2):
+def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, programmatic: bool = True):
     from backends.marlin import configs
     from backends.marlin.kernel import ACTIVATION_CODES
 
@@ -243,7 +243,7 @@ def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2):
                             data.group13, data.group2, g13.config.index, g13.splits, g2.config.index,
                             g2.splits, configs.grid_m(spec, x.shape[0], block_m),
                             ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-                            float(spec.swiglu_limit))
+                            float(spec.swiglu_limit), programmatic)
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -412,6 +412,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         variants["occupancy_first"] = [
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
+        rule = kernel._choice(T)
+        variants["sequential"] = [
+            functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
+                              rule.gemm2, False)
+            for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
@@ -423,7 +428,8 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     if ab:
         rec.update(occupancy_first_us=med["occupancy_first"],
                    occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
-                   vs_occupancy_first=med["occupancy_first"] / med["marlin"])
+                   vs_occupancy_first=med["occupancy_first"] / med["marlin"],
+                   sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"])
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -531,7 +537,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
     parser.add_argument("--ab", action="store_true",
-                        help="also time the occupancy-first config rule (the A/B of the cost model)")
+                        help="also time the occupancy-first config rule (the A/B of the cost model) and "
+                             "the rule's configs launched without programmatic dependent launch")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()
