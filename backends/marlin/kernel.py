@@ -1,5 +1,6 @@
 """The Marlin MoE kernel object: repacks GPTQ weights once, picks the launch config per token
-bucket, and runs the whole layer (routing, two W4A16 GEMMs, activation, top-k sum) in one op."""
+bucket, and runs the whole layer (routing, then two W4A16 GEMMs with the activation, the top-k sum
+and the rounding in their epilogues) in one op."""
 
 from __future__ import annotations
 

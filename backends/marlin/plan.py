@@ -30,5 +30,5 @@ class MarlinPlan:
         return (f"marlin ({self.specialization}, policy {self.policy}): {self.tokens} tokens "
                 f"(bucket {self.tokens_bucket}), block_m {self.block_m}{why}, ~{self.expected_blocks} "
                 f"MoE blocks (worst case {self.max_blocks}, grid {self.grid_m} along M); route -> GEMM1 "
-                f"[{self.gemm13.describe()}] -> activation -> GEMM2 [{self.gemm2.describe()}] "
-                "-> top-k sum")
+                f"+ activation [{self.gemm13.describe()}] -> GEMM2 + top-k sum and rounding "
+                f"[{self.gemm2.describe()}]")
