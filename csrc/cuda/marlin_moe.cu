@@ -80,7 +80,7 @@ const Entry kEntries[] = {HAL_MARLIN_ALL_CONFIGS};
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
 
 bool gemm_shape_ok(const Entry& e, int n, int k, int splits) {
-  return splits >= 1 && n % e.thread_n == 0 && k % (splits * e.thread_k) == 0;
+  return splits >= 1 && splits <= kMaxSplits && n % e.thread_n == 0 && k % (splits * e.thread_k) == 0;
 }
 
 // Params of one GEMM with no fused epilogue (kStore or kAtomic); the layer adds its own.

@@ -432,6 +432,9 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   }
 }
 
+// K splits a launch may use (backends/marlin/configs.py MAX_SPLITS).
+constexpr int kMaxSplits = 16;
+
 // LayerInit's work, spread over every thread of the grid.
 template <typename T>
 __device__ __forceinline__ void layer_init(const LayerInit<T>& in) {
@@ -489,11 +492,14 @@ __device__ __forceinline__ void finish_tile(const GemmParams<T>& p, const int bl
       const int o = i % outs;
       const float* row = p.c + static_cast<size_t>(route) * p.n;
       const int col = gated ? n0 + (o / 16) * 32 + o % 16 : n0 + o;
+      // Every split's loads go out at once (a round trip to L2 each, on this tile's critical path).
       float gate = 0.f, up = 0.f;
-#pragma unroll 4
-      for (int s = 0; s < static_cast<int>(gridDim.z); ++s) {  // 4 loads in flight
-        gate += __ldcg(row + s * p.c_split_stride + col);
-        if (gated) up += __ldcg(row + s * p.c_split_stride + col + 16);
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < static_cast<int>(gridDim.z)) {
+          gate += __ldcg(row + s * p.c_split_stride + col);
+          if (gated) up += __ldcg(row + s * p.c_split_stride + col + 16);
+        }
       }
       p.act_out[static_cast<size_t>(route) * n_act + (gated ? n0 / 2 + o : col)] =
           to_dtype<T>(activate(p.activation, gate, up, p.alpha, p.limit));
