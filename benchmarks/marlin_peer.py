@@ -222,20 +222,20 @@ class PeerLayer:
 
 
 # --- marlin with a forced config (the sweep) --------------------------------------------------
-def forced_choice(kernel, tokens: int, block_m: int, config, n: int, k: int):
-    """The rule's GemmChoice (K splits, occupancy) for one given config."""
+def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
+    """The rule's GemmChoice (K splits, occupancy) for one given config of GEMM `gemm`."""
     from backends.marlin import configs
 
     table = {config.index: kernel.kernel_attributes()[config.index]}
     try:
-        return configs.choose_gemm(kernel._gpu, table, kernel.spec, tokens, block_m, n, k)
+        return configs.choose_gemm(kernel._gpu, table, kernel.spec, tokens, block_m, gemm)
     except ValueError:
         return None
 
 
-def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, programmatic: bool = True):
+def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "int | None" = None):
     from backends.marlin import configs
-    from backends.marlin.kernel import ACTIVATION_CODES
+    from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
 
     spec = kernel.spec
     kernel.loaded_ops().moe(x, tw, ti, data.w13, data.s13, data.w2, data.s2, data.b13, data.b2,
@@ -243,7 +243,7 @@ def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, programmatic
                             data.group13, data.group2, g13.config.index, g13.splits, g2.config.index,
                             g2.splits, configs.grid_m(spec, x.shape[0], block_m),
                             ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-                            float(spec.swiglu_limit), programmatic)
+                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap)
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -413,10 +413,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
         rule = kernel._choice(T)
-        variants["sequential"] = [
-            functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
-                              rule.gemm2, False)
-            for s, o in zip(sets, outs, strict=True)]
+        for name, overlap in (("sequential", 0), ("no_prefetch", 1)):
+            variants[name] = [
+                functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
+                                  rule.gemm2, overlap)
+                for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
@@ -429,7 +430,8 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         rec.update(occupancy_first_us=med["occupancy_first"],
                    occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
                    vs_occupancy_first=med["occupancy_first"] / med["marlin"],
-                   sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"])
+                   sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"],
+                   no_prefetch_us=med["no_prefetch"], vs_no_prefetch=med["no_prefetch"] / med["marlin"])
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -463,8 +465,8 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
         if bm * 4 <= rows or bm > max(16, 2 * rows) or (block_ms and bm not in block_ms):
             continue
         cands = [c for c in configs.candidates() if c.block_m == bm]
-        g1s = [g for g in (forced_choice(kernel, T, bm, c, n1, k1) for c in cands) if g]
-        g2s = [g for g in (forced_choice(kernel, T, bm, c, n2, k2) for c in cands) if g]
+        g1s = [g for g in (forced_choice(kernel, T, bm, c, 1) for c in cands) if g]
+        g2s = [g for g in (forced_choice(kernel, T, bm, c, 2) for c in cands) if g]
         if all_splits:
             def every_split(gs, k):
                 return [attrs.evolve(g, splits=sp, expected_ctas=g.expected_ctas // g.splits * sp)
@@ -472,7 +474,7 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
             g1s, g2s = every_split(g1s, k1), every_split(g2s, k2)
         if not g1s or not g2s:
             continue
-        base2 = configs.choose_gemm(gpu, table, spec, T, bm, n2, k2)
+        base2 = configs.choose_gemm(gpu, table, spec, T, bm, 2)
         label = lambda g: f"{g.config.describe()} x{g.splits}"  # noqa: E731
         med1 = timer.time({label(g1): [functools.partial(run_forced, kernel, data, *s, o, bm, g1, base2)
                                        for s, o in zip(sets, outs, strict=True)] for g1 in g1s}, samples)
@@ -538,7 +540,8 @@ def main() -> int:
     parser.add_argument("--out", help="JSON lines, one per measured point")
     parser.add_argument("--ab", action="store_true",
                         help="also time the occupancy-first config rule (the A/B of the cost model) and "
-                             "the rule's configs launched without programmatic dependent launch")
+                             "the rule's configs with their launches one after another and with programmatic "
+                             "dependent launch but no weight prefetch")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()

@@ -17,6 +17,9 @@ from hal.kernel import MoEKernel
 
 NAME = "marlin"
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in marlin_moe_pointwise.cuh
+# The moe op's overlap of its three launches (MoeProblem::overlap): programmatic dependent launch
+# with GEMM 2's weight prefetch.
+OVERLAP = 2
 
 
 @attrs.frozen
@@ -152,4 +155,4 @@ class MarlinMoEKernel(MoEKernel):
                 data.group13, data.group2, choice.gemm13.config.index, choice.gemm13.splits,
                 choice.gemm2.config.index, choice.gemm2.splits,
                 configs.grid_m(spec, x.shape[0], choice.block_m), ACTIVATION_CODES[spec.activation],
-                float(spec.swiglu_alpha), float(spec.swiglu_limit), True)
+                float(spec.swiglu_alpha), float(spec.swiglu_limit), OVERLAP)

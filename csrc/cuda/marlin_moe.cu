@@ -187,7 +187,7 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
                          p.top_k, p.hidden, p.splits2};
   // GEMM 1 launches while the routing runs and waits for it; GEMM 2 launches when every GEMM 1
   // block is on its last MoE block, prefetches its first weights into L2, then waits for GEMM 1.
-  const bool programmatic = p.programmatic && programmatic_launch_supported();
+  const bool programmatic = p.overlap > 0 && programmatic_launch_supported();
   if ((err = kEntries[p.config13].launch(p1, p.grid_m, p.splits13, programmatic, stream)) != cudaSuccess)
     return err;
 
@@ -201,7 +201,7 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   p2.arrival_stride = p.hidden / 64;
   p2.arrival_target = p.top_k * p.splits2;
   p2.out = static_cast<T*>(p.out);
-  p2.prefetch_before_wait = true;
+  p2.prefetch_before_wait = programmatic && p.overlap == 2;
   return kEntries[p.config2].launch(p2, p.grid_m, p.splits2, programmatic, stream);
 }
 

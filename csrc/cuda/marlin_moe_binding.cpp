@@ -129,7 +129,7 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
          const std::optional<Tensor>& b2, const std::optional<Tensor>& expert_map, const Tensor& out,
          int64_t num_experts, int64_t inter, int64_t group13, int64_t group2, int64_t config13, int64_t splits13,
          int64_t config2, int64_t splits2, int64_t grid_m, int64_t activation, double alpha,
-         double limit, bool programmatic) {
+         double limit, int64_t overlap) {
   const c10::cuda::CUDAGuard guard(x.device());
   check_on(x, x, "x");
   for (const Tensor* t : {&topk_weights, &topk_ids, &w13, &s13, &w2, &s2, &out}) check_on(*t, x, "moe operand");
@@ -191,7 +191,8 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.activation = static_cast<int>(activation);
   p.alpha = static_cast<float>(alpha);
   p.limit = static_cast<float>(limit);
-  p.programmatic = programmatic;
+  TORCH_CHECK(overlap >= 0 && overlap <= 2, "overlap=", overlap, ": expected 0, 1 or 2");
+  p.overlap = static_cast<int>(overlap);
   p.grid_m = static_cast<int>(std::max<int64_t>(1, std::min(grid_m, max_blocks)));
   p.sorted_routes = sorted.data_ptr<int>();
   p.block_expert = block_expert.data_ptr<int>();
@@ -222,6 +223,6 @@ TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
   m.def("moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor s13, Tensor w2, "
         "Tensor s2, Tensor? b13, Tensor? b2, Tensor? expert_map, Tensor(a!) out, int num_experts, "
         "int inter, int group13, int group2, int config13, int splits13, int config2, int splits2, "
-        "int grid_m, int activation, float alpha, float limit, bool programmatic) -> ()",
+        "int grid_m, int activation, float alpha, float limit, int overlap) -> ()",
         &moe);
 }

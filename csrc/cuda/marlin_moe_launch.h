@@ -82,9 +82,11 @@ struct MoeProblem {
   int activation;  // Activation in marlin_moe_pointwise.cuh
   float alpha, limit;
   int grid_m;  // see GemmProblem
-  // Launch GEMM 1 and GEMM 2 as programmatic dependents (sm_90; ignored elsewhere): each starts
-  // before its predecessor ends and waits on the device (marlin_moe_pdl.cuh).
-  bool programmatic;
+  // How the three launches overlap (sm_90; 0 elsewhere): 0 one after another; 1 GEMM 1 and GEMM 2
+  // launched as programmatic dependents, each starting before its predecessor ends and waiting on
+  // the device (marlin_moe_pdl.cuh); 2 as 1, and GEMM 2's blocks prefetch their first weights into
+  // L2 before they wait.
+  int overlap;
   // workspace, sized for the worst-case block count
   int* sorted_routes;
   int* block_expert;
