@@ -58,11 +58,14 @@ GRID_M_SLACK = 2
 # its bytes (int4 weight tile, bf16 activations, fp32 output) and its multiply-adds over
 # MACS_PER_BYTE, plus CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
 # resident blocks works at r / (r + HALF_RATE_BLOCKS) of its rate (one block stalls the SM at
-# every stage barrier; a second one fills those stalls). Activation bytes count in full although
-# they come from L2: a block re-reads its rows' activations for every K stage, through the same
-# shared-memory pipeline as the weights. Checked on the H200 against a sweep of every block_m,
-# config and K split at 16-256 tokens over seven MoE layers (benchmarks/marlin_peer.py
-# --sweep-tokens; docs/backends/marlin.md): within 1.2% of the fastest on average, 5.3% at worst.
+# every stage barrier; a second one fills those stalls). Activation bytes count in full, for every
+# row of the block, although they come from L2 and padding rows are not read at all: a block
+# stages its rows' activations for every K stage through the same shared-memory pipeline as the
+# weights, and padding rows cost it the same stores, ldmatrix and mma rows. Output bytes count for
+# routed rows only (output_bytes). Checked on the H200 against two recorded sweeps over seven MoE
+# layers (benchmarks/marlin_peer.py --sweep-tokens; docs/backends/marlin.md): at 16-256 tokens
+# within 1.0% of the fastest on average, 4.8% at worst; at 1-8 tokens (every config and K split)
+# 3.9% and 12.3%.
 MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compute and memory balance
 # Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
 # sub and mul per register run beside the mma, once per block however many rows it holds).
