@@ -233,7 +233,8 @@ def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
         return None
 
 
-def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "int | None" = None):
+def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "int | None" = None,
+               fused: bool = True):
     from backends.marlin import configs
     from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
 
@@ -243,7 +244,7 @@ def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "in
                             data.group13, data.group2, g13.config.index, g13.splits, g2.config.index,
                             g2.splits, configs.grid_m(spec, x.shape[0], block_m),
                             ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap)
+                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap, fused)
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -413,10 +414,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
         rule = kernel._choice(T)
-        for name, overlap in (("sequential", 0), ("no_prefetch", 1)):
+        for name, overlap, fused in (("sequential", 0, rule.fused), ("no_prefetch", 1, rule.fused),
+                                     ("unfused", None, not rule.fused)):
             variants[name] = [
                 functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
-                                  rule.gemm2, overlap)
+                                  rule.gemm2, overlap, fused)
                 for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
@@ -431,7 +433,9 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
                    occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
                    vs_occupancy_first=med["occupancy_first"] / med["marlin"],
                    sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"],
-                   no_prefetch_us=med["no_prefetch"], vs_no_prefetch=med["no_prefetch"] / med["marlin"])
+                   no_prefetch_us=med["no_prefetch"], vs_no_prefetch=med["no_prefetch"] / med["marlin"],
+                   fused=rule.fused, other_fusion_us=med["unfused"],
+                   vs_other_fusion=med["unfused"] / med["marlin"])
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -540,8 +544,9 @@ def main() -> int:
     parser.add_argument("--out", help="JSON lines, one per measured point")
     parser.add_argument("--ab", action="store_true",
                         help="also time the occupancy-first config rule (the A/B of the cost model) and "
-                             "the rule's configs with their launches one after another and with programmatic "
-                             "dependent launch but no weight prefetch")
+                             "the rule's configs with their launches one after another, with programmatic "
+                             "dependent launch but no weight prefetch, and with the other epilogue fusion "
+                             "(five launches where the rule fuses, three where it does not)")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()

@@ -76,6 +76,9 @@ OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) pe
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
 COST_TIE = 0.02
+# From this many tokens on the layer runs in three launches, the activation in GEMM 1's epilogue
+# and the rounding in GEMM 2's (the fused epilogues); below it in five, both as kernels of their own.
+FUSE_FROM_TOKENS = 1
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -346,6 +349,7 @@ class LayerChoice:
     # (block_m, modeled layer cost) of every block size the occupancy policy priced, cheapest
     # first: why this block_m (empty for first_valid, which takes the padding rule's).
     block_m_costs: tuple = ()
+    fused: bool = True  # the activation and the rounding in the GEMM epilogues (FUSE_FROM_TOKENS)
 
     @property
     def cost(self) -> float:
@@ -360,7 +364,8 @@ def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int,
     def at(block_m):
         g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 1, policy)
         g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 2, policy)
-        return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
+        return LayerChoice(tokens_bucket, block_m, g13, g2, policy,
+                           fused=tokens_bucket >= FUSE_FROM_TOKENS)
 
     if policy == "first_valid":
         return at(block_m_for(spec, tokens_bucket))

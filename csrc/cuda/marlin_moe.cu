@@ -6,6 +6,7 @@
 #include "marlin_moe_configs.h"
 #include "marlin_moe_gemm.cuh"
 #include "marlin_moe_launch.h"
+#include "marlin_moe_pointwise.cuh"
 #include "marlin_moe_route.cuh"
 
 #ifndef HAL_MARLIN_FP16
@@ -78,6 +79,16 @@ const Entry kEntries[] = {HAL_MARLIN_ALL_CONFIGS};
 #undef HAL_MARLIN_CONFIG
 
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
+
+// The pointwise kernels (layer without fused epilogues): 256 threads, and at most this many blocks
+// of grid-stride loop, enough to fill 132 SMs several times over while keeping the launch small.
+constexpr int kPointwiseThreads = 256;
+constexpr int kPointwiseMaxBlocks = 4096;
+
+int pointwise_blocks(long long items) {
+  const long long blocks = (items + kPointwiseThreads - 1) / kPointwiseThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > kPointwiseMaxBlocks ? kPointwiseMaxBlocks : blocks));
+}
 
 bool gemm_shape_ok(const Entry& e, int n, int k, int splits) {
   return splits >= 1 && splits <= kMaxSplits && n % e.thread_n == 0 && k % (splits * e.thread_k) == 0;
@@ -167,7 +178,8 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   cudaError_t err = run_route(RouteProblem{p.topk_ids, p.ids_int64, routes, p.num_experts,
                                            p.local_experts, block_m, p.expert_map, p.sorted_routes,
                                            p.block_expert, p.num_blocks, p.route_expert,
-                                           split13 ? p.block_arrivals : nullptr, p.w13_rows / 64},
+                                           p.fused && split13 ? p.block_arrivals : nullptr,
+                                           p.w13_rows / 64},
                               stream);
   if (err != cudaSuccess) return err;
 
@@ -176,33 +188,55 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
                        1, false, routes, p.w13_rows, p.hidden, p.grid_m, p.config13, p.splits13};
   if ((err = check_gemm(g1)) != cudaSuccess) return err;
   GemmParams<T> p1 = plain_params(g1);
-  p1.mode = split13 ? kStoreThenActivate : kActivate;
-  p1.act_out = static_cast<T*>(p.a2);
-  p1.activation = p.activation;
-  p1.alpha = p.alpha;
-  p1.limit = p.limit;
-  p1.arrivals = p.block_arrivals;
-  p1.arrival_stride = p.w13_rows / 64;
-  p1.init = LayerInit<T>{p.acc, static_cast<T*>(p.out), p.token_arrivals, p.route_expert, p.tokens,
-                         p.top_k, p.hidden, p.splits2};
+  if (p.fused) {
+    p1.mode = split13 ? kStoreThenActivate : kActivate;
+    p1.act_out = static_cast<T*>(p.a2);
+    p1.activation = p.activation;
+    p1.alpha = p.alpha;
+    p1.limit = p.limit;
+    p1.arrivals = p.block_arrivals;
+    p1.arrival_stride = p.w13_rows / 64;
+    p1.init = LayerInit<T>{p.acc, static_cast<T*>(p.out), p.token_arrivals, p.route_expert, p.tokens,
+                           p.top_k, p.hidden, p.splits2};
+  }
   // GEMM 1 launches while the routing runs and waits for it; GEMM 2 launches when every GEMM 1
-  // block is on its last MoE block, prefetches its first weights into L2, then waits for GEMM 1.
+  // block is on its last MoE block (fused) or the activation kernel ends, prefetches its first
+  // weights into L2, then waits for its predecessor.
   const bool programmatic = p.overlap > 0 && programmatic_launch_supported();
   if ((err = kEntries[p.config13].launch(p1, p.grid_m, p.splits13, programmatic, stream)) != cudaSuccess)
     return err;
+
+  const long long acc_count = static_cast<long long>(p.tokens) * p.hidden;
+  if (!p.fused) {
+    const long long act_items = static_cast<long long>(routes) * (p.inter / 4);
+    moe_activation<T, kIsEP>
+        <<<pointwise_blocks(act_items > acc_count / 4 ? act_items : acc_count / 4), kPointwiseThreads, 0,
+           stream>>>(p.c1, p.splits13, static_cast<T*>(p.a2), p.route_expert, routes, p.inter,
+                     p.activation, p.alpha, p.limit, p.acc, acc_count);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
 
   const GemmProblem g2{p.a2, 1, p.w2, p.s2, p.group2, p.b2, p.topk_weights, p.sorted_routes,
                        p.block_expert, p.num_blocks, p.acc, 0, p.top_k, true, routes, p.hidden,
                        p.inter, p.grid_m, p.config2, p.splits2};
   if ((err = check_gemm(g2)) != cudaSuccess) return err;
   GemmParams<T> p2 = plain_params(g2);
-  p2.mode = kAtomicThenRound;
-  p2.arrivals = p.token_arrivals;
-  p2.arrival_stride = p.hidden / 64;
-  p2.arrival_target = p.top_k * p.splits2;
-  p2.out = static_cast<T*>(p.out);
+  if (p.fused) {
+    p2.mode = kAtomicThenRound;
+    p2.arrivals = p.token_arrivals;
+    p2.arrival_stride = p.hidden / 64;
+    p2.arrival_target = p.top_k * p.splits2;
+    p2.out = static_cast<T*>(p.out);
+  }
   p2.prefetch_before_wait = programmatic && p.overlap == 2;
-  return kEntries[p.config2].launch(p2, p.grid_m, p.splits2, programmatic, stream);
+  if ((err = kEntries[p.config2].launch(p2, p.grid_m, p.splits2, programmatic, stream)) != cudaSuccess)
+    return err;
+  if (!p.fused) {
+    moe_to_dtype<T><<<pointwise_blocks(acc_count / 4), kPointwiseThreads, 0, stream>>>(
+        p.acc, static_cast<T*>(p.out), acc_count);
+    return cudaGetLastError();
+  }
+  return cudaSuccess;
 }
 
 }  // namespace hal_marlin
