@@ -76,9 +76,6 @@ OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) pe
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
 COST_TIE = 0.02
-# From this many tokens on the layer runs in three launches, the activation in GEMM 1's epilogue
-# and the rounding in GEMM 2's (the fused epilogues); below it in five, both as kernels of their own.
-FUSE_FROM_TOKENS = 1
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -278,9 +275,9 @@ def routed_rows(spec: MoESpec, tokens: int, block_m: int) -> float:
 
 def output_bytes(spec: MoESpec, gemm: int, splits: int) -> float:
     """Bytes a block moves per output element of a routed row in its epilogue (Epilogue in
-    marlin_moe_gemm.cuh): GEMM 2's fp32 atomic; GEMM 1's fp32 partial and its read by the tile's
-    last K split, or with one split the activation in the activation dtype (half the columns when
-    gated)."""
+    marlin_moe_gemm.cuh): GEMM 2's fp32 atomic; GEMM 1's fp32 partial and its read by the
+    activation kernel, or with one split (fused) the activation in the activation dtype (half the
+    columns when gated)."""
     if gemm == 2:
         return OUTPUT_BYTES
     if splits > 1:
@@ -349,7 +346,15 @@ class LayerChoice:
     # (block_m, modeled layer cost) of every block size the occupancy policy priced, cheapest
     # first: why this block_m (empty for first_valid, which takes the padding rule's).
     block_m_costs: tuple = ()
-    fused: bool = True  # the activation and the rounding in the GEMM epilogues (FUSE_FROM_TOKENS)
+
+    @property
+    def fused(self) -> bool:
+        """The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches) where
+        GEMM 1 runs unsplit, so the activation runs in registers. With K splits the layer runs in
+        five launches, the activation and the rounding as kernels of their own: the fused split
+        reduction (the last split of each tile sums the partials) measured slower on the H200 than
+        the activation kernel, which spreads that work over the whole GPU (docs/backends/marlin.md)."""
+        return self.gemm13.splits == 1
 
     @property
     def cost(self) -> float:
@@ -364,8 +369,7 @@ def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int,
     def at(block_m):
         g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 1, policy)
         g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 2, policy)
-        return LayerChoice(tokens_bucket, block_m, g13, g2, policy,
-                           fused=tokens_bucket >= FUSE_FROM_TOKENS)
+        return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
 
     if policy == "first_valid":
         return at(block_m_for(spec, tokens_bucket))

@@ -446,19 +446,23 @@ __device__ __forceinline__ void layer_init(const LayerInit<T>& in) {
 #pragma unroll 1
   for (long long i = first; i < quads; i += threads)
     reinterpret_cast<float4*>(in.acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  // One item per (token, 64-column tile): its counter, and its 64 outputs when the token is idle.
+  // One warp per (token, 64-column tile): lane 0 starts its counter, and when the token is idle
+  // the warp writes its 64 zero outputs, two consecutive ones a lane, so each store instruction
+  // covers 128 contiguous bytes (out is the caller's tensor: no alignment beyond its dtype's).
+  const int lane = threadIdx.x % 32;
+  const long long warps = threads / 32;
   const int tiles = in.hidden / 64;
   const long long items = static_cast<long long>(in.tokens) * tiles;
 #pragma unroll 1
-  for (long long i = first; i < items; i += threads) {
+  for (long long i = first / 32; i < items; i += warps) {
     const int token = static_cast<int>(i / tiles);
     int computed = 0;
     for (int r = 0; r < in.top_k; ++r) computed += in.route_expert[token * in.top_k + r] >= 0;
-    in.arrivals[i] = (in.top_k - computed) * in.splits;
-    if (computed == 0) {  // out is the caller's tensor: no alignment beyond its dtype's is assumed
-      T* dst = in.out + i * 64;
-#pragma unroll 8
-      for (int q = 0; q < 64; ++q) dst[q] = to_dtype<T>(0.f);
+    if (lane == 0) in.arrivals[i] = (in.top_k - computed) * in.splits;
+    if (computed == 0) {
+      T* dst = in.out + i * 64 + 2 * lane;
+      dst[0] = to_dtype<T>(0.f);
+      dst[1] = to_dtype<T>(0.f);
     }
   }
 }
