@@ -259,26 +259,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   const int g = lane / 4;
   const int t4 = lane % 4;
 
-  // The bias is the accumulator's starting value in the first K split's first K warp: its loads
-  // overlap the pipeline's first copies and the epilogue stays a plain scale-and-store.
-  float acc[4][G::kTokenTiles][4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      float start = 0.f;
-      if constexpr (kHasBias) {
-        if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
-          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
-        }
-      }
-#pragma unroll
-      for (int tt = 0; tt < G::kTokenTiles; ++tt) {
-        acc[j][tt][hi * 2] = start;
-        acc[j][tt][hi * 2 + 1] = start;
-      }
-    }
-  }
+  float acc[4][G::kTokenTiles][4];  // set after the pipeline's first copies are issued, below
 
   auto compute_stage = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
@@ -330,6 +311,26 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
     cp_async_commit();
+  }
+  // The bias is the accumulator's starting value in the first K split's first K warp, so the
+  // epilogue stays a plain scale-and-store. Its loads go out after the pipeline's first copies:
+  // issued before them, a warp would wait the bias's memory latency before starting the pipeline.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      float start = 0.f;
+      if constexpr (kHasBias) {
+        if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
+          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
+        }
+      }
+#pragma unroll
+      for (int tt = 0; tt < G::kTokenTiles; ++tt) {
+        acc[j][tt][hi * 2] = start;
+        acc[j][tt][hi * 2 + 1] = start;
+      }
+    }
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
