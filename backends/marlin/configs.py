@@ -76,6 +76,11 @@ OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) pe
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
 COST_TIE = 0.02
+# The largest token bucket whose layer fuses its epilogues (LayerChoice.fused). Above it GEMM 2's
+# fused rounding, whose last-arrival count needs every block to wait for its fp32 atomics to land,
+# ran 2-16% behind the rounding kernel on the H200 (EP layers and qwen3-30b-a3b at 256-3000 tokens),
+# below it 1-4% ahead.
+FUSE_UP_TO_TOKENS = 128
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -350,11 +355,11 @@ class LayerChoice:
     @property
     def fused(self) -> bool:
         """The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches) where
-        GEMM 1 runs unsplit, so the activation runs in registers. With K splits the layer runs in
+        GEMM 1 runs unsplit, so the activation runs in registers, up to FUSE_UP_TO_TOKENS. Otherwise
         five launches, the activation and the rounding as kernels of their own: the fused split
-        reduction (the last split of each tile sums the partials) measured slower on the H200 than
-        the activation kernel, which spreads that work over the whole GPU (docs/backends/marlin.md)."""
-        return self.gemm13.splits == 1
+        reduction (the last split of each tile sums the partials) and, above that bucket, the fused
+        rounding measured slower on the H200 (docs/backends/marlin.md)."""
+        return self.gemm13.splits == 1 and self.tokens_bucket <= FUSE_UP_TO_TOKENS
 
     @property
     def cost(self) -> float:

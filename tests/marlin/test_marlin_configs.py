@@ -206,17 +206,17 @@ def test_decode_prefers_the_wide_three_stage_tile_with_more_k_splits():
     assert c.gemm2.config.describe() == "m8 k64 n256 t128 s3" and c.gemm2.splits == 16
 
 
-def test_layer_fuses_its_epilogues_where_gemm1_runs_unsplit():
+def test_layer_fuses_its_epilogues_where_gemm1_runs_unsplit_at_small_batches():
     """Three launches (activation in GEMM 1's registers, rounding in GEMM 2) where GEMM 1 has one K
-    split; five (the activation and rounding kernels) where it splits K."""
+    split, up to FUSE_UP_TO_TOKENS; five (the activation and rounding kernels) otherwise."""
     gpu = hal.GpuCaps(vendor="nvidia", **sweep()["gpu"])
     spec, table = recorded_layer("mixtral-8x7b")
     seen = set()
-    for tokens in (1, 8, 64, 1024, 4096):
-        c = configs.choose_layer(gpu, table, spec, tokens)
-        assert c.fused == (c.gemm13.splits == 1)
-        seen.add(c.fused)
-    assert seen == {True, False}
+    for tokens in (1, 8, 16, 64, 128, 256, 1024, 4096):
+        c = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
+        assert c.fused == (c.gemm13.splits == 1 and tokens <= configs.FUSE_UP_TO_TOKENS)
+        seen.add((c.fused, c.gemm13.splits == 1))
+    assert seen == {(True, True), (False, False), (False, True)}
 
 
 def test_split_options_keep_whole_stages():
