@@ -5,7 +5,7 @@ medians; ratio = peer time / marlin time (above 1: marlin faster). Without --pee
 
     python benchmarks/marlin_peer.py --peer .peer/marlin/build/libhal_peer_vllm_marlin.so \
         [--shapes mixtral-8x7b,qwen3-30b-a3b] [--tokens 1,8,64,256,2048] [--sweep-tokens 16,64,256]
-        [--out results.jsonl]
+        [--sweep-all-splits] [--sweep-block-m 8] [--out results.jsonl]
 
 The peer layer is vLLM 0.33.0's fused_marlin_moe path: its block-size rule, moe_align_block_size,
 GEMM 1 (fp32 reduce, no atomics), the activation, GEMM 2 with the top-k weight, and the top-k sum
@@ -222,20 +222,21 @@ class PeerLayer:
 
 
 # --- marlin with a forced config (the sweep) --------------------------------------------------
-def forced_choice(kernel, tokens: int, block_m: int, config, n: int, k: int):
-    """The rule's GemmChoice (K splits, occupancy) for one given config."""
+def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
+    """The rule's GemmChoice (K splits, occupancy) for one given config of GEMM `gemm`."""
     from backends.marlin import configs
 
     table = {config.index: kernel.kernel_attributes()[config.index]}
     try:
-        return configs.choose_gemm(kernel._gpu, table, kernel.spec, tokens, block_m, n, k)
+        return configs.choose_gemm(kernel._gpu, table, kernel.spec, tokens, block_m, gemm)
     except ValueError:
         return None
 
 
-def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2):
+def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "int | None" = None,
+               fused: bool = True):
     from backends.marlin import configs
-    from backends.marlin.kernel import ACTIVATION_CODES
+    from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
 
     spec = kernel.spec
     kernel.loaded_ops().moe(x, tw, ti, data.w13, data.s13, data.w2, data.s2, data.b13, data.b2,
@@ -243,7 +244,7 @@ def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2):
                             data.group13, data.group2, g13.config.index, g13.splits, g2.config.index,
                             g2.splits, configs.grid_m(spec, x.shape[0], block_m),
                             ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-                            float(spec.swiglu_limit))
+                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap, fused)
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -412,6 +413,13 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         variants["occupancy_first"] = [
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
+        rule = kernel._choice(T)
+        for name, overlap, fused in (("sequential", 0, rule.fused), ("no_prefetch", 1, rule.fused),
+                                     ("unfused", None, not rule.fused)):
+            variants[name] = [
+                functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
+                                  rule.gemm2, overlap, fused)
+                for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
@@ -423,7 +431,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     if ab:
         rec.update(occupancy_first_us=med["occupancy_first"],
                    occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
-                   vs_occupancy_first=med["occupancy_first"] / med["marlin"])
+                   vs_occupancy_first=med["occupancy_first"] / med["marlin"],
+                   sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"],
+                   no_prefetch_us=med["no_prefetch"], vs_no_prefetch=med["no_prefetch"] / med["marlin"],
+                   fused=rule.fused, other_fusion_us=med["unfused"],
+                   vs_other_fusion=med["unfused"] / med["marlin"])
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -433,9 +445,13 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     sink.emit(rec)
 
 
-def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
-    """Every block_m; for each, every GEMM-1 config (GEMM 2 at the rule's choice for that block_m),
-    then every GEMM-2 config with GEMM 1 at the fastest of those."""
+def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, all_splits: bool = False,
+                block_ms: tuple = ()):
+    """Every block_m (or those of block_ms); for each, every GEMM-1 config (GEMM 2 at the rule's
+    choice for that block_m), then every GEMM-2 config with GEMM 1 at the fastest of those. With
+    all_splits every K split of every config is timed in those two passes (instead of the rule's
+    split per config and a few around the fastest), so a cost model can be checked against every
+    choice it could make."""
     from backends.marlin import configs
 
     kernel, spec, data = layer.kernel, layer.spec, layer.prepared.data
@@ -450,14 +466,19 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
     p = min(1.0, spec.top_k / spec.num_experts)
     rows = T * p / (1 - (1 - p) ** T)
     for bm in configs.BLOCK_M_CHOICES:
-        if bm * 4 <= rows or bm > max(16, 2 * rows):
+        if bm * 4 <= rows or bm > max(16, 2 * rows) or (block_ms and bm not in block_ms):
             continue
         cands = [c for c in configs.candidates() if c.block_m == bm]
-        g1s = [g for g in (forced_choice(kernel, T, bm, c, n1, k1) for c in cands) if g]
-        g2s = [g for g in (forced_choice(kernel, T, bm, c, n2, k2) for c in cands) if g]
+        g1s = [g for g in (forced_choice(kernel, T, bm, c, 1) for c in cands) if g]
+        g2s = [g for g in (forced_choice(kernel, T, bm, c, 2) for c in cands) if g]
+        if all_splits:
+            def every_split(gs, k):
+                return [attrs.evolve(g, splits=sp, expected_ctas=g.expected_ctas // g.splits * sp)
+                        for g in gs for sp in configs.split_options(g.config, k)]
+            g1s, g2s = every_split(g1s, k1), every_split(g2s, k2)
         if not g1s or not g2s:
             continue
-        base2 = configs.choose_gemm(gpu, table, spec, T, bm, n2, k2)
+        base2 = configs.choose_gemm(gpu, table, spec, T, bm, 2)
         label = lambda g: f"{g.config.describe()} x{g.splits}"  # noqa: E731
         med1 = timer.time({label(g1): [functools.partial(run_forced, kernel, data, *s, o, bm, g1, base2)
                                        for s, o in zip(sets, outs, strict=True)] for g1 in g1s}, samples)
@@ -467,7 +488,7 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
         best2 = min(g2s, key=lambda g: med2[label(g)])
         # K splits around the rule's, for the fastest config of each GEMM.
         more = {}
-        for gemm, best, k in ((1, best1, k1), (2, best2, k2)):
+        for gemm, best, k in (() if all_splits else ((1, best1, k1), (2, best2, k2))):
             for f in (0.25, 0.5, 2, 4):
                 sp = int(best.splits * f)
                 if sp < 1 or sp > 16 or k % (sp * best.config.thread_k):
@@ -489,7 +510,9 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink):
                                config=g.config.describe(), splits=g.splits,
                                blocks_per_sm=g.blocks_per_sm, limiter=g.limiter, ctas=g.expected_ctas,
                                layer_us=med[label(g)], rule=bool(rule.block_m == bm and
-                                                                 chosen.config == g.config)))
+                                                                 chosen.config == g.config),
+                               rule_splits=chosen.splits if rule.block_m == bm else None,
+                               all_splits=all_splits))
 
 
 def summarize(records) -> str:
@@ -512,11 +535,18 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(shape_specs()))
     parser.add_argument("--tokens", default="1,8,64,256,2048")
     parser.add_argument("--sweep-tokens", default="")
+    parser.add_argument("--sweep-all-splits", action="store_true",
+                        help="the sweep times every K split of every config (not only the rule's)")
+    parser.add_argument("--sweep-block-m", default="",
+                        help="the sweep times only these block sizes (default: those near the routes per expert)")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
     parser.add_argument("--ab", action="store_true",
-                        help="also time the occupancy-first config rule (the A/B of the cost model)")
+                        help="also time the occupancy-first config rule (the A/B of the cost model) and "
+                             "the rule's configs with their launches one after another, with programmatic "
+                             "dependent launch but no weight prefetch, and with the other epilogue fusion "
+                             "(five launches where the rule fuses, three where it does not)")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()
@@ -527,6 +557,7 @@ def main() -> int:
         raise ValueError(f"--shapes: unknown {unknown}; expected some of {', '.join(specs)}")
     tokens = [int(t) for t in args.tokens.split(",") if t]
     sweep = [int(t) for t in args.sweep_tokens.split(",") if t]
+    sweep_block_ms = tuple(int(b) for b in args.sweep_block_m.split(",") if b)
     if not torch.cuda.is_available():
         raise SystemExit("marlin_peer.py needs a CUDA GPU")
     deadline = time.time() + args.budget_s
@@ -564,7 +595,10 @@ def main() -> int:
                 if check:
                     checked.add(layer.name)
             else:
-                sweep_point(layer, T, max(6, args.samples // 2), timer, sink)
+                t0 = time.time()
+                sweep_point(layer, T, max(6, args.samples // 2), timer, sink, args.sweep_all_splits,
+                            sweep_block_ms)
+                print(f"# sweep {layer.name} {T}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
         except Exception as exc:
             print(f"# {layer.name} {T}: FAILED {type(exc).__name__}: {exc}", flush=True)
     print(summarize(sink.records), flush=True)

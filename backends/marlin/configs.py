@@ -58,21 +58,29 @@ GRID_M_SLACK = 2
 # its bytes (int4 weight tile, bf16 activations, fp32 output) and its multiply-adds over
 # MACS_PER_BYTE, plus CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
 # resident blocks works at r / (r + HALF_RATE_BLOCKS) of its rate (one block stalls the SM at
-# every stage barrier; a second one fills those stalls). Activation bytes count in full although
-# they come from L2: a block re-reads its rows' activations for every K stage, through the same
-# shared-memory pipeline as the weights. Checked on the H200 against a sweep of every block_m,
-# config and K split at 16-256 tokens over seven MoE layers (benchmarks/marlin_peer.py
-# --sweep-tokens; docs/backends/marlin.md): within 1.2% of the fastest on average, 5.3% at worst.
+# every stage barrier; a second one fills those stalls). Activation bytes count in full, for every
+# row of the block, although they come from L2 and padding rows are not read at all: a block
+# stages its rows' activations for every K stage through the same shared-memory pipeline as the
+# weights, and padding rows cost it the same stores, ldmatrix and mma rows. Output bytes count for
+# routed rows only (output_bytes). Checked on the H200 against two recorded sweeps over seven MoE
+# layers (benchmarks/marlin_peer.py --sweep-tokens; docs/backends/marlin.md): at 16-256 tokens
+# within 1.0% of the fastest on average, 4.8% at worst; at 1-8 tokens (every config and K split)
+# 3.9% and 12.3%.
 MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compute and memory balance
 # Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
 # sub and mul per register run beside the mma, once per block however many rows it holds).
 DEQUANT_ROWS = 16
-CTA_FIXED_BYTES = 16384  # ~0.5 us of one SM's share of 4 TB/s
+CTA_FIXED_BYTES = 4096  # ~0.13 us of one SM's share of 4 TB/s
 HALF_RATE_BLOCKS = 1.0
-OUTPUT_BYTES = 4  # fp32 partials (GEMM 1) or fp32 atomics (GEMM 2) per output element
+OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) per output element
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
-COST_TIE = 0.03
+COST_TIE = 0.02
+# The largest token bucket whose layer fuses its epilogues (LayerChoice.fused). Above it GEMM 2's
+# fused rounding, whose last-arrival count needs every block to wait for its fp32 atomics to land,
+# ran 2-16% behind the rounding kernel on the H200 (EP layers and qwen3-30b-a3b at 256-3000 tokens),
+# below it 1-4% ahead.
+FUSE_UP_TO_TOKENS = 128
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -247,6 +255,13 @@ def split_options(config: LaunchConfig, k: int) -> list:
     return out
 
 
+def gemm_shape(spec: MoESpec, gemm: int) -> tuple:
+    """(n, k) of the layer's GEMM 1 (x @ W13) or GEMM 2 (act @ W2)."""
+    if gemm not in (1, 2):
+        raise ValueError(f"gemm={gemm!r} is not allowed: expected 1 or 2")
+    return (spec.w13_rows, spec.hidden_size) if gemm == 1 else (spec.hidden_size, spec.intermediate_size)
+
+
 def fits(config: LaunchConfig, n: int, k: int) -> bool:
     return n % config.thread_n == 0 and k % config.thread_k == 0
 
@@ -256,27 +271,51 @@ def inflight_bytes(config: LaunchConfig) -> int:
     return config.stages * config.thread_k * config.thread_n // 2
 
 
+def routed_rows(spec: MoESpec, tokens: int, block_m: int) -> float:
+    """Expected routed (non-padding) rows of a MoE block: an expert's expected routes over its
+    expected blocks."""
+    per_expert = blocks_per_expert(spec, tokens, block_m)
+    return min(float(block_m), tokens * spec.top_k / spec.num_experts / per_expert) if per_expert else 0.0
+
+
+def output_bytes(spec: MoESpec, gemm: int, splits: int) -> float:
+    """Bytes a block moves per output element of a routed row in its epilogue (Epilogue in
+    marlin_moe_gemm.cuh): GEMM 2's fp32 atomic; GEMM 1's fp32 partial and its read by the
+    activation kernel, or with one split (fused) the activation in the activation dtype (half the
+    columns when gated)."""
+    if gemm == 2:
+        return OUTPUT_BYTES
+    if splits > 1:
+        return 2 * OUTPUT_BYTES
+    return 2.0 if spec.activation == "relu2" else 1.0
+
+
 def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, per_sm: int, splits: int,
-              n: int, k: int) -> float:
-    """Modeled time of one GEMM (see MACS_PER_BYTE above), in bytes at one SM's share of the
-    memory bandwidth."""
+              n: int, k: int, gemm: int) -> float:
+    """Modeled time of GEMM `gemm` (1 or 2; see MACS_PER_BYTE above), in bytes at one SM's share
+    of the memory bandwidth."""
     blocks = spec.local_experts * blocks_per_expert(spec, tokens, config.block_m)
     ctas = max(1.0, blocks) * (n // config.thread_n) * splits
     rounds = math.ceil(ctas / (gpu.sm_count or 1))
     k_split = k / splits
+    # Activations count for every row of the block: padding rows are zero-filled, not read, but
+    # they cost the block its shared-memory stores, ldmatrix and mma rows all the same. Outputs
+    # count for routed rows only: padding rows are never written.
     memory = (config.thread_n * k_split / 2 + config.block_m * k_split * 2
-              + config.block_m * config.thread_n * OUTPUT_BYTES)
+              + routed_rows(spec, tokens, config.block_m) * config.thread_n
+              * output_bytes(spec, gemm, splits))
     compute = (config.block_m + DEQUANT_ROWS) * config.thread_n * k_split / MACS_PER_BYTE
     resident = min(per_sm, rounds)
     return rounds * (max(memory, compute) + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
 
 
-def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, n: int, k: int,
+def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, gemm: int,
                 policy: str = "occupancy") -> GemmChoice:
-    """The config and K split for one GEMM of n outputs over k inputs at one block_m. `table` maps
-    LaunchConfig.index -> KernelAttrs."""
+    """The config and K split for GEMM `gemm` of the layer (1: x @ W13, 2: act @ W2) at one
+    block_m. `table` maps LaunchConfig.index -> KernelAttrs."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not allowed: expected one of {', '.join(POLICIES)}")
+    n, k = gemm_shape(spec, gemm)
     m_blocks = expected_blocks(spec, tokens, block_m)
     sm_count = gpu.sm_count or 1
     scored = []
@@ -290,9 +329,9 @@ def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: 
         if policy == "first_valid":
             splits = splits_for(config, n, k, ctas, sm_count * per_sm)
             return GemmChoice(config, splits, per_sm, limiter, ctas * splits,
-                              gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k))
+                              gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k, gemm))
         for splits in split_options(config, k):
-            cost = gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k)
+            cost = gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k, gemm)
             scored.append(GemmChoice(config, splits, per_sm, limiter, ctas * splits, cost))
     if not scored:
         raise ValueError(f"no compiled Marlin config fits n={n}, k={k}, block_m={block_m} on "
@@ -314,6 +353,15 @@ class LayerChoice:
     block_m_costs: tuple = ()
 
     @property
+    def fused(self) -> bool:
+        """The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches) where
+        GEMM 1 runs unsplit, so the activation runs in registers, up to FUSE_UP_TO_TOKENS. Otherwise
+        five launches, the activation and the rounding as kernels of their own: the fused split
+        reduction (the last split of each tile sums the partials) and, above that bucket, the fused
+        rounding measured slower on the H200 (docs/backends/marlin.md)."""
+        return self.gemm13.splits == 1 and self.tokens_bucket <= FUSE_UP_TO_TOKENS
+
+    @property
     def cost(self) -> float:
         return self.gemm13.cost + self.gemm2.cost
 
@@ -324,9 +372,8 @@ def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int,
     occupancy policy models every compiled block_m with its best configs and takes the cheapest
     (ties to the smaller block); first_valid takes block_m_for's padding rule."""
     def at(block_m):
-        g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.w13_rows, spec.hidden_size, policy)
-        g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, spec.hidden_size,
-                         spec.intermediate_size, policy)
+        g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 1, policy)
+        g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 2, policy)
         return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
 
     if policy == "first_valid":

@@ -1,5 +1,6 @@
 """The Marlin MoE kernel object: repacks GPTQ weights once, picks the launch config per token
-bucket, and runs the whole layer (routing, two W4A16 GEMMs, activation, top-k sum) in one op."""
+bucket, and runs the whole layer (routing, then two W4A16 GEMMs with the activation, the top-k sum
+and the rounding in their epilogues) in one op."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from hal.kernel import MoEKernel
 
 NAME = "marlin"
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # Activation in marlin_moe_pointwise.cuh
+# The moe op's overlap of its three launches (MoeProblem::overlap): programmatic dependent launch
+# with GEMM 2's weight prefetch.
+OVERLAP = 2
 
 
 @attrs.frozen
 class MarlinWeights:
+    # GEMM 1's columns in repack.gate_up_columns order
     w13: torch.Tensor  # int32 [E, w13_rows/64, H/16, 32, 4]
     s13: torch.Tensor  # [E, G, w13_rows] activation dtype
     w2: torch.Tensor  # int32 [E, H/64, I/16, 32, 4]
@@ -99,14 +104,17 @@ class MarlinMoEKernel(MoEKernel):
         H, I = spec.hidden_size, spec.intermediate_size
         whole = spec.group_size == -1
         bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
+        # GEMM 1's columns in the order its epilogue activates them (repack.gate_up_columns).
+        cols = repack.gate_up_columns(spec.activation, I).to(weights.w13.device)
+        b13 = None if weights.b13 is None else weights.b13.index_select(-1, cols.to(weights.b13.device))
         return MarlinWeights(
-            w13=repack.repack(weights.w13, "weights.w13"),
-            s13=weights.w13_scale.contiguous(),
+            w13=repack.repack(weights.w13.index_select(-1, cols), "weights.w13"),
+            s13=weights.w13_scale.index_select(-1, cols.to(weights.w13_scale.device)).contiguous(),
             w2=repack.repack(weights.w2, "weights.w2"),
             s2=weights.w2_scale.contiguous(),
             group13=H if whole else spec.group_size,
             group2=I if whole else spec.group_size,
-            b13=bias(weights.b13),
+            b13=bias(b13),
             b2=bias(weights.b2),
             expert_map=None if expert_map is None else expert_map.contiguous(),
         )
@@ -135,7 +143,7 @@ class MarlinMoEKernel(MoEKernel):
                           grid_m=configs.grid_m(self.spec, tokens, bm), gemm13=choice.gemm13,
                           gemm2=choice.gemm2, policy=self.policy,
                           specialization=self.specialization.describe(),
-                          block_m_costs=choice.block_m_costs)
+                          block_m_costs=choice.block_m_costs, fused=choice.fused)
 
     def _run(self, x, topk_weights, topk_ids, data: MarlinWeights, out) -> None:
         spec = self.spec
@@ -147,4 +155,4 @@ class MarlinMoEKernel(MoEKernel):
                 data.group13, data.group2, choice.gemm13.config.index, choice.gemm13.splits,
                 choice.gemm2.config.index, choice.gemm2.splits,
                 configs.grid_m(spec, x.shape[0], choice.block_m), ACTIVATION_CODES[spec.activation],
-                float(spec.swiglu_alpha), float(spec.swiglu_limit))
+                float(spec.swiglu_alpha), float(spec.swiglu_limit), OVERLAP, choice.fused)

@@ -21,14 +21,18 @@ class MarlinPlan:
     policy: str  # occupancy | first_valid
     specialization: str  # dtype, kIsEP, kHasBias, arch of the build that runs
     block_m_costs: tuple = ()  # (block_m, modeled cost) priced by the occupancy policy, cheapest first
+    fused: bool = True  # activation and rounding in the GEMM epilogues (else kernels of their own)
 
     def describe(self) -> str:
         why = ""
         if self.block_m_costs:
             why = " (modeled cost, MB at one SM's bandwidth share: " + ", ".join(
                 f"{bm}: {cost / 1e6:.2f}" for bm, cost in self.block_m_costs) + ")"
-        return (f"marlin ({self.specialization}, policy {self.policy}): {self.tokens} tokens "
+        head = (f"marlin ({self.specialization}, policy {self.policy}): {self.tokens} tokens "
                 f"(bucket {self.tokens_bucket}), block_m {self.block_m}{why}, ~{self.expected_blocks} "
-                f"MoE blocks (worst case {self.max_blocks}, grid {self.grid_m} along M); route -> GEMM1 "
-                f"[{self.gemm13.describe()}] -> activation -> GEMM2 [{self.gemm2.describe()}] "
-                "-> top-k sum")
+                f"MoE blocks (worst case {self.max_blocks}, grid {self.grid_m} along M); route -> ")
+        if self.fused:
+            return (head + f"GEMM1 + activation [{self.gemm13.describe()}] -> GEMM2 + top-k sum and "
+                    f"rounding [{self.gemm2.describe()}]")
+        return (head + f"GEMM1 [{self.gemm13.describe()}] -> activation -> GEMM2 + top-k sum "
+                f"[{self.gemm2.describe()}] -> rounding")

@@ -90,3 +90,29 @@ def fragment_element(lane: int, reg: int, half: int) -> tuple:
     row = g + 8 * (reg & 1)
     col = 2 * t + half + 8 * (reg >> 1)
     return row, col
+
+
+# GEMM 1's epilogue applies the activation to the columns one thread holds: columns g and g + 8 of
+# each of its four 16-wide tiles. So the gated activations' gate and up halves are interleaved by
+# 16: physical column 32q + r is gate (r < 16) or up (r >= 16) of intermediate column 16q + r % 16,
+# and tiles j and j + 1 of a thread hold gate and up of the same columns.
+GATE_UP_RUN = 16
+
+
+def gate_up_columns(activation: str, intermediate_size: int) -> torch.Tensor:
+    """The spec's GEMM-1 column of each physical column (int64 [w13_rows]): silu's gate is
+    [0, I) and up [I, 2I), swiglu_oai's gate 2i and up 2i + 1 (docs/contract.md); relu2 has no
+    pairs and keeps its order."""
+    inter = intermediate_size
+    if activation == "relu2":
+        return torch.arange(inter)
+    if inter % GATE_UP_RUN:
+        raise ValueError(f"intermediate_size={inter} must be a multiple of {GATE_UP_RUN}")
+    p = torch.arange(2 * inter)
+    i = (p // (2 * GATE_UP_RUN)) * GATE_UP_RUN + p % GATE_UP_RUN  # intermediate column
+    up = (p % (2 * GATE_UP_RUN)) >= GATE_UP_RUN
+    if activation == "silu":
+        return torch.where(up, inter + i, i)
+    if activation == "swiglu_oai":
+        return 2 * i + up.long()
+    raise ValueError(f"activation={activation!r} is not one of silu, swiglu_oai, relu2")

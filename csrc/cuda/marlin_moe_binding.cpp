@@ -85,7 +85,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> route(const Tensor& topk_ids,
                                           static_cast<int>(num_experts), static_cast<int>(block_m),
                                           map, sorted.data_ptr<int>(),
                                           block_expert.data_ptr<int>(), num_blocks.data_ptr<int>(),
-                                          route_expert.data_ptr<int>()},
+                                          route_expert.data_ptr<int>(), nullptr, 0},
                  c10::cuda::getCurrentCUDAStream()),
              "moe_route launch");
   return {sorted, block_expert, num_blocks, route_expert};
@@ -129,7 +129,7 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
          const std::optional<Tensor>& b2, const std::optional<Tensor>& expert_map, const Tensor& out,
          int64_t num_experts, int64_t inter, int64_t group13, int64_t group2, int64_t config13, int64_t splits13,
          int64_t config2, int64_t splits2, int64_t grid_m, int64_t activation, double alpha,
-         double limit) {
+         double limit, int64_t overlap, bool fused) {
   const c10::cuda::CUDAGuard guard(x.device());
   check_on(x, x, "x");
   for (const Tensor* t : {&topk_weights, &topk_ids, &w13, &s13, &w2, &s2, &out}) check_on(*t, x, "moe operand");
@@ -137,6 +137,8 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   const hal_marlin::KernelInfo info13 = info_of(config13);
   const hal_marlin::KernelInfo info2 = info_of(config2);
   TORCH_CHECK(info13.block_m == info2.block_m, "config13 and config2 must share block_m");
+  TORCH_CHECK(x.size(1) % 64 == 0 && s13.size(2) % 64 == 0,
+              "hidden size and GEMM 1's columns must be multiples of 64 (the arrival counters' tile)");
   const int64_t tokens = x.size(0), top_k = topk_ids.size(1), hidden = x.size(1);
   const int64_t w13_rows = s13.size(2);
   const int64_t routes = tokens * top_k;
@@ -148,9 +150,14 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   Tensor block_expert = at::empty({max_blocks}, opts_i);
   Tensor num_blocks = at::empty({1}, opts_i);
   Tensor route_expert = at::empty({routes}, opts_i);
-  Tensor c1 = at::empty({splits13, routes, w13_rows}, opts_f);
+  // Fused with one K split, GEMM 1 activates in registers: no partials and no arrival counters.
+  const bool split13 = splits13 > 1;
+  const bool partials = split13 || !fused;
+  Tensor c1 = at::empty({partials ? splits13 * routes * w13_rows : 0}, opts_f);
+  Tensor block_arrivals = at::empty({fused && split13 ? max_blocks * (w13_rows / 64) : 0}, opts_i);
   Tensor a2 = at::empty({routes, inter}, x.options());
   Tensor acc = at::empty({tokens, hidden}, opts_f);
+  Tensor token_arrivals = at::empty({fused ? tokens * (hidden / 64) : 0}, opts_i);
   const int* map = nullptr;
   if (expert_map.has_value()) {
     check_on(*expert_map, x, "expert_map");
@@ -185,14 +192,19 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.activation = static_cast<int>(activation);
   p.alpha = static_cast<float>(alpha);
   p.limit = static_cast<float>(limit);
+  TORCH_CHECK(overlap >= 0 && overlap <= 2, "overlap=", overlap, ": expected 0, 1 or 2");
+  p.overlap = static_cast<int>(overlap);
+  p.fused = fused;
   p.grid_m = static_cast<int>(std::max<int64_t>(1, std::min(grid_m, max_blocks)));
   p.sorted_routes = sorted.data_ptr<int>();
   p.block_expert = block_expert.data_ptr<int>();
   p.num_blocks = num_blocks.data_ptr<int>();
   p.route_expert = route_expert.data_ptr<int>();
-  p.c1 = c1.data_ptr<float>();
+  p.c1 = partials ? c1.data_ptr<float>() : nullptr;
+  p.block_arrivals = fused && split13 ? block_arrivals.data_ptr<int>() : nullptr;
   p.a2 = a2.data_ptr();
   p.acc = acc.data_ptr<float>();
+  p.token_arrivals = fused ? token_arrivals.data_ptr<int>() : nullptr;
   check_cuda(hal_marlin::run_moe(p, c10::cuda::getCurrentCUDAStream()), "marlin moe launch");
 }
 
@@ -213,6 +225,6 @@ TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
   m.def("moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor s13, Tensor w2, "
         "Tensor s2, Tensor? b13, Tensor? b2, Tensor? expert_map, Tensor(a!) out, int num_experts, "
         "int inter, int group13, int group2, int config13, int splits13, int config2, int splits2, "
-        "int grid_m, int activation, float alpha, float limit) -> ()",
+        "int grid_m, int activation, float alpha, float limit, int overlap, bool fused) -> ()",
         &moe);
 }

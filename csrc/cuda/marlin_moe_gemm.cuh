@@ -19,7 +19,37 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "marlin_moe_pdl.cuh"
+#include "marlin_moe_pointwise.cuh"
+
 namespace hal_marlin {
+
+// What a block does with its fp32 tile.
+//   kStore             one stored partial per K split (c), nothing else
+//   kAtomic            fp32 atomics into the row route / c_row_div of c (sums splits and routes)
+//   kActivate          (one K split) the activation in registers, rounded into act_out
+//   kStoreThenActivate kStore, then an arrival on the (MoE block, column tile) counter: the last of
+//                      the K splits to arrive sums the stored partials and activates them
+//   kAtomicThenRound   kAtomic, then an arrival on each of its tokens' (token, column tile)
+//                      counters: the last route / K split of a token to arrive rounds its fp32 sums
+//                      into out
+// The activation modes read GEMM 1's columns gate/up interleaved by 16 (see gate_up_columns in
+// backends/marlin/repack.py): physical column 32q + r holds gate (r < 16) or up (r >= 16) of
+// intermediate column 16q + r % 16, so one thread holds both halves of its columns.
+enum Epilogue : int { kStore = 0, kAtomic = 1, kActivate = 2, kStoreThenActivate = 3, kAtomicThenRound = 4 };
+
+// GEMM 1 of a layer prepares what GEMM 2 finishes into (it runs first on the stream): zeroes the
+// fp32 token sums, starts each (token, column tile) arrival counter at the arrivals that will never
+// come ((top_k - computed routes of the token) * GEMM 2's K splits), and writes the zero output
+// rows of tokens none of whose routes is computed here (other ranks' experts, dropped routes).
+template <typename T>
+struct LayerInit {
+  float* acc;               // [tokens][hidden], or null: nothing to prepare
+  T* out;                   // [tokens][hidden]
+  int* arrivals;            // [tokens][hidden / 64]
+  const int* route_expert;  // [tokens * top_k] local expert of each route, -1 when not computed
+  int tokens, top_k, hidden, splits;
+};
 
 template <typename T>
 struct GemmParams {
@@ -34,16 +64,30 @@ struct GemmParams {
   const int* block_expert;    // [max_blocks] local expert of each block, -1 when not local
   const int* num_blocks;      // [1] blocks the routing produced
   // Output row of a route: c + split * c_split_stride + (route / c_row_div) * n. Either one
-  // partial sum per K split, stored (GEMM 1: the activation kernel adds the splits), or a sum
-  // over splits and top-k routes by fp32 atomics (GEMM 2 into the token's row).
+  // partial sum per K split, stored (GEMM 1), or a sum over splits and top-k routes by fp32
+  // atomics (GEMM 2 into the token's row); see Epilogue.
   float* c;
   size_t c_split_stride;
   int c_row_div;
-  bool c_atomic;
+  int mode;                   // Epilogue
   int routes;                 // tokens * top_k, also the padding sentinel
   int n;
   int k;
   int k_slice;                // k per split (gridDim.z splits)
+  // kActivate / kStoreThenActivate: [routes][n / 2] (n for relu2) in the activation dtype
+  T* act_out;
+  int activation;             // Activation
+  float alpha, limit;
+  // kStoreThenActivate: [blocks][arrival_stride] counters, zero at launch (the routing zeroes
+  // them). kAtomicThenRound: [routes / c_row_div][arrival_stride], started by LayerInit.
+  int* arrivals;
+  int arrival_stride;
+  int arrival_target;         // kAtomicThenRound: top_k * K splits
+  T* out;                     // kAtomicThenRound: [routes / c_row_div][n]
+  LayerInit<T> init;
+  // Launched before the previous kernel of the stream completes (GEMM 2 of a layer): the routing
+  // is done, the activations are not, so each block first prefetches its first weights into L2.
+  bool prefetch_before_wait;
 };
 
 template <typename T>
@@ -215,26 +259,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   const int g = lane / 4;
   const int t4 = lane % 4;
 
-  // The bias is the accumulator's starting value in the first K split's first K warp: its loads
-  // overlap the pipeline's first copies and the epilogue stays a plain scale-and-store.
-  float acc[4][G::kTokenTiles][4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      float start = 0.f;
-      if constexpr (kHasBias) {
-        if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
-          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
-        }
-      }
-#pragma unroll
-      for (int tt = 0; tt < G::kTokenTiles; ++tt) {
-        acc[j][tt][hi * 2] = start;
-        acc[j][tt][hi * 2 + 1] = start;
-      }
-    }
-  }
+  float acc[4][G::kTokenTiles][4];  // set after the pipeline's first copies are issued, below
 
   auto compute_stage = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
@@ -287,6 +312,26 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
     if (s < k_tiles) load_stage(s, s);
     cp_async_commit();
   }
+  // The bias is the accumulator's starting value in the first K split's first K warp, so the
+  // epilogue stays a plain scale-and-store. Its loads go out after the pipeline's first copies:
+  // issued before them, a warp would wait the bias's memory latency before starting the pipeline.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      float start = 0.f;
+      if constexpr (kHasBias) {
+        if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
+          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
+        }
+      }
+#pragma unroll
+      for (int tt = 0; tt < G::kTokenTiles; ++tt) {
+        acc[j][tt][hi * 2] = start;
+        acc[j][tt][hi * 2 + 1] = start;
+      }
+    }
+  }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for everyone; stage kt-1 is no longer read
@@ -330,6 +375,38 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   }
   if (wk != 0) return;  // the first K warp of each N warp writes
 
+  if (p.mode == kActivate) {
+    const bool gated = p.activation != kRelu2;
+    const int n_act = gated ? p.n / 2 : p.n;
+    // Gated: gate in tile j, up in tile j + 1 (16 physical columns on), one output column of 16 each.
+    const int col0 = gated ? (n0 + wn * 64) / 2 + g : n0 + wn * 64 + g;
+#pragma unroll
+    for (int tt = 0; tt < G::kTokenTiles; ++tt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int route = s_routes[tt * 8 + t4 * 2 + half];
+        if (route >= p.routes) continue;
+        T* dst = p.act_out + static_cast<size_t>(route) * n_act + col0;
+        if (gated) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi)
+              dst[jj * 16 + hi * 8] = to_dtype<T>(activate(p.activation, acc[2 * jj][tt][hi * 2 + half],
+                                                           acc[2 * jj + 1][tt][hi * 2 + half], p.alpha, p.limit));
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi)
+              dst[j * 16 + hi * 8] = to_dtype<T>(activate(kRelu2, acc[j][tt][hi * 2 + half], 0.f, 0.f, 0.f));
+        }
+      }
+    }
+    return;
+  }
+
+  const bool atomic = p.mode == kAtomic || p.mode == kAtomicThenRound;
   float* c_split = p.c + blockIdx.z * p.c_split_stride;
 #pragma unroll
   for (int tt = 0; tt < G::kTokenTiles; ++tt) {
@@ -345,7 +422,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
         for (int hi = 0; hi < 2; ++hi) {
           const int n = n0 + wn * 64 + j * 16 + g + hi * 8;
           const float v = acc[j][tt][hi * 2 + half] * weight;
-          if (p.c_atomic) {
+          if (atomic) {
             atomicAdd(c_row + n, v);
           } else {
             c_row[n] = v;
@@ -356,13 +433,146 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   }
 }
 
+// K splits a launch may use (backends/marlin/configs.py MAX_SPLITS).
+constexpr int kMaxSplits = 16;
+
+// LayerInit's work, spread over every thread of the grid.
+template <typename T>
+__device__ __forceinline__ void layer_init(const LayerInit<T>& in) {
+  const long long threads = static_cast<long long>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
+  const long long first =
+      ((static_cast<long long>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) *
+          blockDim.x + threadIdx.x;
+  const long long quads = static_cast<long long>(in.tokens) * in.hidden / 4;
+#pragma unroll 1
+  for (long long i = first; i < quads; i += threads)
+    reinterpret_cast<float4*>(in.acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // One warp per (token, 64-column tile): lane 0 starts its counter, and when the token is idle
+  // the warp writes its 64 zero outputs, two consecutive ones a lane, so each store instruction
+  // covers 128 contiguous bytes (out is the caller's tensor: no alignment beyond its dtype's).
+  const int lane = threadIdx.x % 32;
+  const long long warps = threads / 32;
+  const int tiles = in.hidden / 64;
+  const long long items = static_cast<long long>(in.tokens) * tiles;
+#pragma unroll 1
+  for (long long i = first / 32; i < items; i += warps) {
+    const int token = static_cast<int>(i / tiles);
+    int computed = 0;
+    for (int r = 0; r < in.top_k; ++r) computed += in.route_expert[token * in.top_k + r] >= 0;
+    if (lane == 0) in.arrivals[i] = (in.top_k - computed) * in.splits;
+    if (computed == 0) {
+      T* dst = in.out + i * 64 + 2 * lane;
+      dst[0] = to_dtype<T>(0.f);
+      dst[1] = to_dtype<T>(0.f);
+    }
+  }
+}
+
+// The arrival after a kStoreThenActivate / kAtomicThenRound tile: every thread's stores or atomics
+// of the tile are fenced before the block counts itself in, and the block that completes a count
+// finishes that tile from L2 (__ldcg: other blocks wrote it). No block waits for another, so the
+// grid needs no co-residency and a CUDA graph replays it as is.
+template <typename T, int BM, int TN, int THREADS>
+__device__ __forceinline__ void finish_tile(const GemmParams<T>& p, const int block, const int* s_routes,
+                                            int* s_last) {
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.y * TN;
+  __threadfence();
+  __syncthreads();
+  if (p.mode == kStoreThenActivate) {
+    if (tid == 0) {
+      const int before = atomicAdd(&p.arrivals[static_cast<size_t>(block) * p.arrival_stride + blockIdx.y], 1);
+      s_last[0] = before == static_cast<int>(gridDim.z) - 1;
+    }
+    __syncthreads();
+    if (!s_last[0]) return;
+    __threadfence();
+    const bool gated = p.activation != kRelu2;
+    const int outs = gated ? TN / 2 : TN;  // activation outputs of this column tile
+    const int n_act = gated ? p.n / 2 : p.n;
+#pragma unroll 1
+    for (int i = tid; i < BM * outs; i += THREADS) {
+      const int route = s_routes[i / outs];
+      if (route >= p.routes) continue;
+      const int o = i % outs;
+      const float* row = p.c + static_cast<size_t>(route) * p.n;
+      const int col = gated ? n0 + (o / 16) * 32 + o % 16 : n0 + o;
+      // Every split's loads go out at once (a round trip to L2 each, on this tile's critical path).
+      float gate = 0.f, up = 0.f;
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < static_cast<int>(gridDim.z)) {
+          gate += __ldcg(row + s * p.c_split_stride + col);
+          if (gated) up += __ldcg(row + s * p.c_split_stride + col + 16);
+        }
+      }
+      p.act_out[static_cast<size_t>(route) * n_act + (gated ? n0 / 2 + o : col)] =
+          to_dtype<T>(activate(p.activation, gate, up, p.alpha, p.limit));
+    }
+  } else {
+    if (tid < BM) {
+      const int route = s_routes[tid];
+      bool last = false;
+      if (route < p.routes) {
+        const size_t counter = static_cast<size_t>(route / p.c_row_div) * p.arrival_stride + blockIdx.y;
+        last = atomicAdd(&p.arrivals[counter], 1) == p.arrival_target - 1;
+      }
+      s_last[tid] = last;
+    }
+    __syncthreads();
+    __threadfence();
+    constexpr int kQuads = TN / 4;
+#pragma unroll 1
+    for (int i = tid; i < BM * kQuads; i += THREADS) {
+      const int row = i / kQuads;
+      if (!s_last[row]) continue;
+      const size_t at = static_cast<size_t>(s_routes[row] / p.c_row_div) * p.n + n0 + (i % kQuads) * 4;
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.c + at));
+      T* dst = p.out + at;
+      dst[0] = to_dtype<T>(v.x);
+      dst[1] = to_dtype<T>(v.y);
+      dst[2] = to_dtype<T>(v.z);
+      dst[3] = to_dtype<T>(v.w);
+    }
+  }
+}
+
+// Bytes of weights a block prefetches into L2 before waiting for its inputs: with the H200's 132
+// SMs x 4 blocks that is at most ~17 MB, about what streams during the previous kernel's tail.
+constexpr int kPrefetchBytesPerBlock = 32768;
+
+// The first weights of this block's first MoE block and K slice, into L2 (one bulk prefetch per
+// 64-column slab, each contiguous along K in the repacked layout).
+template <typename T, int TN>
+__device__ __forceinline__ void prefetch_weights_l2(const GemmParams<T>& p, const int expert) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kSlabs = TN / 64;
+  if (threadIdx.x >= kSlabs) return;
+  const int k_prefetch = min(p.k_slice, kPrefetchBytesPerBlock / kSlabs / 32);  // 32 B per k per slab
+  const size_t k16_total = p.k / 16;
+  const size_t slab = static_cast<size_t>(expert) * (p.n / 64) + blockIdx.y * kSlabs + threadIdx.x;
+  const int4* src = p.w + (slab * k16_total + blockIdx.z * (p.k_slice / 16)) * 32;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(k_prefetch * 32) : "memory");
+#endif
+}
+
 template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kIsEP, bool kHasBias>
 __global__ void __launch_bounds__(THREADS, (Tile<BM, TK, TN, THREADS, STAGES>::kMinBlocksPerSm))
 marlin_moe_gemm(const GemmParams<T> p) {
   extern __shared__ int4 smem[];
   __shared__ int s_routes[BM];
+  __shared__ int s_last[BM];
   const int tid = threadIdx.x;
+  // GEMM 2's predecessor is GEMM 1, which started after the routing completed: the routing's
+  // output may be read before the wait. GEMM 1's predecessor is the routing itself.
+  if (p.prefetch_before_wait && blockIdx.x < *p.num_blocks) {
+    const int expert = p.block_expert[blockIdx.x];
+    if (expert >= 0) prefetch_weights_l2<T, TN>(p, expert);
+  }
+  grid_dependency_wait();
   const int num_blocks = *p.num_blocks;
+  if (p.init.acc != nullptr) layer_init(p.init);
+  const bool arrive = p.mode == kStoreThenActivate || p.mode == kAtomicThenRound;
   // The grid holds about as many blocks in x as the planner expects MoE blocks (the routing's
   // count is on the device); each thread block walks the MoE blocks gridDim.x apart, so any
   // routing is covered and no launch is sized for the worst case.
@@ -371,10 +581,14 @@ marlin_moe_gemm(const GemmParams<T> p) {
     if constexpr (kIsEP) {
       if (expert < 0) continue;  // every route of this block goes to another rank's expert
     }
+    // The last MoE block of this thread block: the next kernel may launch once every thread block
+    // got here (its blocks then fill the SMs this grid's tail leaves idle).
+    if (block + static_cast<int>(gridDim.x) >= num_blocks) allow_dependents();
     __syncthreads();  // the previous MoE block is done with shared memory and s_routes
     if (tid < BM) s_routes[tid] = p.sorted_routes[block * BM + tid];
     __syncthreads();
     gemm_block<T, BM, TK, TN, THREADS, STAGES, kHasBias>(p, expert, smem, s_routes);
+    if (arrive) finish_tile<T, BM, TN, THREADS>(p, block, s_routes, s_last);
   }
 }
 

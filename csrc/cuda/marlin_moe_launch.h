@@ -52,12 +52,17 @@ struct RouteProblem {
   int* block_expert;      // [max_blocks]
   int* num_blocks;        // [1]
   int* route_expert;      // [routes]
+  int* block_arrivals;    // [max_blocks][arrival_stride], zeroed for the blocks made; or null
+  int arrival_stride;
 };
 
 cudaError_t run_route(const RouteProblem& r, cudaStream_t stream);
 
-// Whole layer: route, GEMM 1 (K-split partials), activation (sums the partials, zeroes acc),
-// GEMM 2 (weighted by topk_weights, atomically summed per token), rounding to the dtype.
+// Whole layer, fused in three launches: route; GEMM 1 with the activation in its epilogue (K-split
+// partials summed by the last split of each tile), which also zeroes GEMM 2's accumulator; GEMM 2
+// weighted by topk_weights, atomically summed per token, each token's tile rounded to the dtype by
+// its last arrival. Not fused, in five: the activation (which zeroes the accumulator) and the
+// rounding are kernels of their own.
 struct MoeProblem {
   const void* x;
   const float* topk_weights;
@@ -78,14 +83,25 @@ struct MoeProblem {
   int activation;  // Activation in marlin_moe_pointwise.cuh
   float alpha, limit;
   int grid_m;  // see GemmProblem
+  // How the three launches overlap (sm_90; 0 elsewhere): 0 one after another; 1 GEMM 1 and GEMM 2
+  // launched as programmatic dependents, each starting before its predecessor ends and waiting on
+  // the device (marlin_moe_pdl.cuh); 2 as 1, and GEMM 2's blocks prefetch their first weights into
+  // L2 before they wait.
+  int overlap;
+  // The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches), or both as
+  // kernels of their own between and after the GEMMs (five launches; GEMM 1 then stores a partial
+  // for every K split, one split included).
+  bool fused;
   // workspace, sized for the worst-case block count
   int* sorted_routes;
   int* block_expert;
   int* num_blocks;
   int* route_expert;
-  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split
+  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split (splits13 > 1 or not fused)
+  int* block_arrivals;  // [max_blocks][w13_rows / 64] (fused and splits13 > 1)
   void* a2;    // [routes][inter], activation dtype
   float* acc;  // [tokens][hidden], GEMM 2's fp32 sums over splits and top-k routes
+  int* token_arrivals;  // [tokens][hidden / 64] (fused)
 };
 
 cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream);

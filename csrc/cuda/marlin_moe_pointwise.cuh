@@ -1,6 +1,8 @@
-// The two pointwise stages around the GEMMs: the activation between them (fp32 GEMM 1 partials ->
-// activation dtype GEMM 2 input) and the final rounding of the fp32 token sums.
-// kIsEP: routes whose expert lives on another rank were never computed; the activation skips
+// The pointwise stages around the GEMMs: the activation between them (fp32 GEMM 1 sums -> the
+// GEMM-2 input in the activation dtype) and the rounding of GEMM 2's fp32 token sums. The fused
+// epilogues of marlin_moe_gemm.cuh apply the device functions; the two kernels are the same stages
+// as launches of their own (the layer without fused epilogues).
+// kIsEP: routes whose expert lives on another rank were never computed; the activation kernel skips
 // them, and with kIsEP false the check is not compiled at all.
 #pragma once
 
@@ -11,7 +13,19 @@ namespace hal_marlin {
 
 enum Activation : int { kSilu = 0, kSwigluOai = 1, kRelu2 = 2 };
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.f + __expf(-v)); }
+
+// Gated activations take (gate, up) of one intermediate column; relu2 takes its one value as gate.
+__device__ __forceinline__ float activate(int activation, float gate, float up, float alpha, float limit) {
+  if (activation == kSilu) return silu(gate) * up;
+  if (activation == kSwigluOai) {
+    const float g = fminf(gate, limit);
+    const float u = fminf(fmaxf(up, -limit), limit);
+    return __fdividef(g, 1.f + __expf(-alpha * g)) * (u + 1.f);
+  }
+  const float r = fmaxf(gate, 0.f);
+  return r * r;
+}
 
 template <typename T>
 __device__ __forceinline__ T to_dtype(float v);
@@ -37,9 +51,10 @@ __device__ __forceinline__ float4 load_summed(const float* p, int splits, size_t
   return sum;
 }
 
-// c1: [splits][routes][w13_rows] fp32 partials -> a2: [routes][inter]; 4 outputs per thread.
-// The same grid also zeroes GEMM 2's fp32 accumulator (`zero`, `zero_count` floats, a multiple
-// of 4), which saves a memset launch: GEMM 2 runs after this kernel on the same stream.
+// c1: [splits][routes][w13_rows] fp32 partials, gate and up interleaved by 16 (gate_up_columns in
+// backends/marlin/repack.py) -> a2: [routes][inter]; 4 outputs per thread. The same grid also
+// zeroes GEMM 2's fp32 accumulator (`zero`, `zero_count` floats, a multiple of 4), which saves a
+// memset launch: GEMM 2 runs after this kernel on the same stream.
 template <typename T, bool kIsEP>
 __global__ void moe_activation(const float* __restrict__ c1, int splits, T* __restrict__ a2,
                                const int* __restrict__ route_expert, int routes, int inter,
@@ -51,7 +66,8 @@ __global__ void moe_activation(const float* __restrict__ c1, int splits, T* __re
     reinterpret_cast<float4*>(zero)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
   const int quads = inter / 4;
-  const int width = activation == kRelu2 ? inter : 2 * inter;
+  const bool gated = activation != kRelu2;
+  const int width = gated ? 2 * inter : inter;
   const size_t split_stride = static_cast<size_t>(routes) * width;
   const long long total = static_cast<long long>(routes) * quads;
   for (long long idx = first; idx < total; idx += stride) {
@@ -61,34 +77,14 @@ __global__ void moe_activation(const float* __restrict__ c1, int splits, T* __re
       if (route_expert[route] < 0) continue;
     }
     const float* row = c1 + static_cast<size_t>(route) * width;
-    float out[4];
-    if (activation == kSilu) {
-      const float4 gate = load_summed(row + i, splits, split_stride);
-      const float4 up = load_summed(row + inter + i, splits, split_stride);
-      out[0] = silu(gate.x) * up.x;
-      out[1] = silu(gate.y) * up.y;
-      out[2] = silu(gate.z) * up.z;
-      out[3] = silu(gate.w) * up.w;
-    } else if (activation == kSwigluOai) {
-      const float4 lo = load_summed(row + 2 * i, splits, split_stride);
-      const float4 hi = load_summed(row + 2 * i + 4, splits, split_stride);
-      const float gate[4] = {lo.x, lo.z, hi.x, hi.z};
-      const float up[4] = {lo.y, lo.w, hi.y, hi.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float g = fminf(gate[q], limit);
-        const float u = fminf(fmaxf(up[q], -limit), limit);
-        out[q] = g / (1.f + __expf(-alpha * g)) * (u + 1.f);
-      }
-    } else {
-      const float4 h = load_summed(row + i, splits, split_stride);
-      const float r[4] = {fmaxf(h.x, 0.f), fmaxf(h.y, 0.f), fmaxf(h.z, 0.f), fmaxf(h.w, 0.f)};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) out[q] = r[q] * r[q];
-    }
+    const int col = gated ? (i / 16) * 32 + i % 16 : i;  // the 4 gates (or values) of outputs i..i+3
+    const float4 gate = load_summed(row + col, splits, split_stride);
+    const float4 up = gated ? load_summed(row + col + 16, splits, split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
     T* dst = a2 + static_cast<size_t>(route) * inter + i;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) dst[q] = to_dtype<T>(out[q]);
+    dst[0] = to_dtype<T>(activate(activation, gate.x, up.x, alpha, limit));
+    dst[1] = to_dtype<T>(activate(activation, gate.y, up.y, alpha, limit));
+    dst[2] = to_dtype<T>(activate(activation, gate.z, up.z, alpha, limit));
+    dst[3] = to_dtype<T>(activate(activation, gate.w, up.w, alpha, limit));
   }
 }
 

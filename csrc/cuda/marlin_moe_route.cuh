@@ -8,6 +8,8 @@
 #include <cub/block/block_scan.cuh>
 #include <stdint.h>
 
+#include "marlin_moe_pdl.cuh"
+
 namespace hal_marlin {
 
 constexpr int kRouteThreads = 1024;
@@ -25,13 +27,17 @@ __global__ void __launch_bounds__(kRouteThreads)
     moe_route(const IdT* __restrict__ topk_ids, int routes, int num_experts, int local_experts,
               const int* __restrict__ expert_map, bool keep_remote, int block_m,
               int* __restrict__ sorted_routes, int* __restrict__ block_expert,
-              int* __restrict__ num_blocks, int* __restrict__ route_expert) {
+              int* __restrict__ num_blocks, int* __restrict__ route_expert,
+              int* __restrict__ block_arrivals, int arrival_stride) {
   extern __shared__ int route_smem[];
   int* counts = route_smem;
   int* first_block = route_smem + num_experts;
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int tid = threadIdx.x;
+  // GEMM 1 may launch now: its blocks wait for this kernel's output before reading any of it, and
+  // this one block leaves the rest of the GPU to them.
+  allow_dependents();
 
   auto local_of = [&](int e) { return expert_map != nullptr ? expert_map[e] : e; };
   // The global expert a route is sorted under, or -1 when it is left out.
@@ -85,6 +91,10 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   if (tid == 0) *num_blocks = total;
   for (int i = tid; i < total * block_m; i += kRouteThreads) sorted_routes[i] = routes;
+  // GEMM 1's per-(block, column tile) arrival counters (kStoreThenActivate), when it splits K.
+  if (block_arrivals != nullptr) {
+    for (int i = tid; i < total * arrival_stride; i += kRouteThreads) block_arrivals[i] = 0;
+  }
   __syncthreads();  // padding written and first_block known before the scatter overwrites slots
 
   for (int e = tid; e < num_experts; e += kRouteThreads) counts[e] = 0;

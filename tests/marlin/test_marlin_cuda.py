@@ -1,10 +1,12 @@
 """The Marlin MoE kernels on an NVIDIA GPU against backends.reference (float64): every compiled
-config, the routing op, and the whole layer over token counts, activations, dtypes, group sizes,
-bias and expert parallelism. Outputs are poisoned before each run."""
+config, the routing op, the fused epilogues at every K split, and the whole layer over token
+counts, activations, dtypes, group sizes, bias and expert parallelism. Outputs are poisoned before
+each run."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -167,6 +169,51 @@ def test_every_compiled_config_and_split():
                 err = rel_err(got.cpu(), want)
                 if not torch.isfinite(got).all() or err > REL_TOL:
                     failures.append(f"{cfg.describe()} splits {splits} {mode}: rel err {err:.3g}")
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai", "relu2"])
+def test_fused_epilogues_at_every_k_split(activation):
+    """The layer with its configs forced: GEMM 1 activates in registers (one K split) or in the last
+    K split of each tile to arrive, GEMM 2 rounds each token's sums in its last arrival, at every K
+    split of both GEMMs, and the same with the activation and rounding as kernels of their own
+    (not fused); with a grid smaller than the block count, tokens whose routes all go to other
+    ranks or are dropped (-1), and bias."""
+    from backends.marlin.kernel import ACTIVATION_CODES
+
+    spec = hal.MoESpec(64, 4, 1024, 512, "int4_g128", activation, has_bias=True, num_local_experts=24)
+    kernel = kernel_for(spec)
+    op = kernel.loaded_ops()
+    w = weights_for(spec, 31)
+    data = kernel.prepare_weights(w).data
+    failures = []
+    for m in (1, 37):
+        x = random_tokens(spec, m, seed=m, device=DEVICE)
+        tw, ti = random_routing(spec, m, seed=m + 1, device=DEVICE)
+        ti = ti.to(torch.int32)
+        ti[::3, 1] = -1  # dropped routes
+        local = ops.local_ids(spec, ti, w.expert_map)
+        if m > 1:  # one token routed only to other ranks' experts
+            remote = (w.expert_map < 0).nonzero().flatten()[: spec.top_k].to(torch.int32)
+            ti[m // 2] = remote
+            local = ops.local_ids(spec, ti, w.expert_map)
+            assert not (local[m // 2] >= 0).any()
+        ref = ops.moe_tokens(spec, x, tw.float(), ti, w, compute_dtype=torch.float64)
+        for desc in ("m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4"):
+            cfg = next(c for c in configs.candidates() if c.describe() == desc)
+            for s13, s2, fused in itertools.product(configs.split_options(cfg, spec.hidden_size),
+                                                    configs.split_options(cfg, spec.intermediate_size),
+                                                    (True, False)):
+                out = poison(torch.empty_like(x))
+                op.moe(x, tw.float().contiguous(), ti, data.w13, data.s13, data.w2, data.s2, data.b13,
+                       data.b2, data.expert_map, out, spec.num_experts, spec.intermediate_size,
+                       data.group13, data.group2, cfg.index, s13, cfg.index, s2, 2,
+                       ACTIVATION_CODES[activation], float(spec.swiglu_alpha),
+                       float(spec.swiglu_limit), (s13 + s2) % 3, fused)
+                err = rel_err(out, ref)
+                idle = ~(local >= 0).any(dim=1)
+                if not torch.isfinite(out).all() or err > REL_TOL or not (out[idle] == 0).all():
+                    failures.append(f"m={m} {desc} splits {s13}/{s2} fused {fused}: rel err {err:.3g}")
     assert not failures, failures
 
 

@@ -63,3 +63,37 @@ def test_fragment_element_covers_the_tile_once():
 def test_bad_input_names_the_argument(shape, dtype, match):
     with pytest.raises(ValueError, match=match):
         repack.repack(torch.zeros(shape, dtype=dtype), "weights.w13")
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai", "relu2"])
+def test_gate_up_columns_pair_what_the_epilogue_pairs(activation):
+    """GEMM 1's epilogue activates physical columns 32q + r (gate) and 32q + 16 + r (up) into
+    intermediate column 16q + r (relu2: each column on its own); with the columns in
+    gate_up_columns order that must be the reference activation of the spec's columns."""
+    import hal
+    from backends.reference import activation as reference
+
+    inter = 384
+    spec = hal.MoESpec(8, 2, 256, inter, "int4_g128", activation)
+    cols = repack.gate_up_columns(activation, inter)
+    assert sorted(cols.tolist()) == list(range(spec.w13_rows))  # a permutation
+    h = torch.randn(5, spec.w13_rows, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    physical = h[:, cols]
+    if activation == "relu2":
+        got = torch.relu(physical).square()
+    else:
+        runs = physical.view(5, inter // 16, 2, 16)
+        gate, up = runs[:, :, 0].reshape(5, inter), runs[:, :, 1].reshape(5, inter)
+        if activation == "silu":
+            got = torch.nn.functional.silu(gate) * up
+        else:
+            gate, up = gate.clamp(max=spec.swiglu_limit), up.clamp(-spec.swiglu_limit, spec.swiglu_limit)
+            got = gate * torch.sigmoid(spec.swiglu_alpha * gate) * (up + 1)
+    torch.testing.assert_close(got, reference.apply(spec, h), rtol=0, atol=0)
+
+
+def test_gate_up_columns_rejects_what_it_cannot_pair():
+    with pytest.raises(ValueError, match="intermediate_size"):
+        repack.gate_up_columns("silu", 72)
+    with pytest.raises(ValueError, match="activation"):
+        repack.gate_up_columns("gelu", 64)
