@@ -228,7 +228,7 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
-           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
+           swap_ab: Optional[bool] = None, mxfp4_path: str = "planes",
            grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
@@ -303,7 +303,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("w8a8: x quantized once by a launch; h "
                        + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
-    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
+    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
         # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
         # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
         # 303.5, gpt-oss-120b mxfp4 at 4096 tokens 12027 against 4760.
@@ -316,7 +316,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    if gemv is False or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
+    planes = spec.weight_format == "mxfp4" and mxfp4_path == "planes"
+    if gemv is False or planes or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).
