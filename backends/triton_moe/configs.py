@@ -316,7 +316,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    planes = spec.weight_format == "mxfp4" and mxfp4_path == "planes"
+    planes = spec.weight_format == "mxfp4" and mxfp4_path in ("planes", "k_pairs")
     if gemv is False or planes or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton_moe.mxfp4_planes import planes_step
+from backends.triton_moe import mxfp4_planes
 from backends.triton_moe.quant import quantize_rows
 from backends.triton_moe.routing import local_expert
 
@@ -219,7 +219,7 @@ def moe_gemm_kernel(
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, A_QUANTIZED: tl.constexpr, OUT_FP8: tl.constexpr,
     DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, MXFP4_PLANES: tl.constexpr,
-    SCALE_HIGH: tl.constexpr, PAIR_GATE_UP: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCALE_HIGH: tl.constexpr, PAIR_GATE_UP: tl.constexpr, MXFP4_K_PAIRS: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -292,14 +292,16 @@ def moe_gemm_kernel(
         acc_pair = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if PAIRED:
-            acc_pair = planes_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows, pair_ok, k0,
-                                   K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+            acc_pair = mxfp4_planes.step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows, pair_ok,
+                                         k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB,
+                                         MXFP4_K_PAIRS)
         elif PLANES:
-            acc = planes_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, K, N_TOTAL,
-                              stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+            acc = mxfp4_planes.step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, K,
+                                    N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB, MXFP4_K_PAIRS)
             if GATED:
-                acc_up = planes_step(acc_up, a_ptr, a_rows, live, w_ptr, s_ptr, expert, up_rows, n_ok, k0, K,
-                                     N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+                acc_up = mxfp4_planes.step(acc_up, a_ptr, a_rows, live, w_ptr, s_ptr, expert, up_rows, n_ok, k0,
+                                           K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB,
+                                           MXFP4_K_PAIRS)
         else:
             acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows,
                                   up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size,

@@ -35,7 +35,7 @@ from hal.kernel import MoEKernel
 NAME = "triton_moe"
 LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
 GEMV_LAUNCHES = 2
-MXFP4_PATHS = ("planes", "dot_scaled", "bits")
+MXFP4_PATHS = ("planes", "k_pairs", "dot_scaled", "bits")
 DEFAULT_MXFP4_PATH = "planes"
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
@@ -199,14 +199,15 @@ class TritonMoEKernel(MoEKernel):
         w2, s2, scale_high = weights.w2, weights.w2_scale, False
         planes = self._mxfp4_planes()
         if planes:
-            w13, s13, high13 = mxfp4_planes.repack(w13, s13)
-            w2, s2, high2 = mxfp4_planes.repack(w2, s2)
+            k_pairs = self.mxfp4_path == "k_pairs"
+            w13, s13, high13 = mxfp4_planes.repack(w13, s13, k_pairs)
+            w2, s2, high2 = mxfp4_planes.repack(w2, s2, k_pairs)
             scale_high = high13 or high2
         return TritonMoEWeights(keep(w13), keep(w2), keep(s13), keep(s2), bias(b13), bias(weights.b2),
                                 expert_map, gate_stride, up_offset, planes, scale_high)
 
     def _mxfp4_planes(self) -> bool:
-        return self.spec.weight_format == "mxfp4" and self.mxfp4_path == "planes"
+        return self.spec.weight_format == "mxfp4" and self.mxfp4_path in ("planes", "k_pairs")
 
     # --- per call ------------------------------------------------------------------------------
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
@@ -230,8 +231,10 @@ class TritonMoEKernel(MoEKernel):
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
             A_FP8=fp8_act and fmt == "fp8_block128", A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
-            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", MXFP4_PLANES=self.mxfp4_path == "planes",
+            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
+            MXFP4_PLANES=self.mxfp4_path in ("planes", "k_pairs"),
             SCALE_HIGH=scale_high, PAIR_GATE_UP=self.pair_gate_up and gate_stride == 2,
+            MXFP4_K_PAIRS=self.mxfp4_path == "k_pairs",
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,

@@ -35,7 +35,7 @@ def steps(k: int) -> int:
     return triton.cdiv(k, STEP_K)
 
 
-def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
+def repack(packed: torch.Tensor, e8m0: torch.Tensor, k_pairs: bool = False) -> tuple:
     """Checkpoint mxfp4 ([E, N, K/2] uint8, even k in the low nibble; e8m0 [E, N, K/32]) to
     (words [E, N, steps * 16] int32, scales [E, steps * 4, N] uint8, scale_high). Values past K are
     zero nibbles, their scales zero."""
@@ -48,7 +48,12 @@ def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
         p = packed[e0:e0 + REPACK_EXPERTS].to(torch.int64)
         nibbles = torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], N, K)
         nibbles = torch.nn.functional.pad(nibbles, (0, S * STEP_K - K))
-        nibbles = nibbles.view(p.shape[0], N, S, PLANES, WORDS_PER_STEP)
+        if k_pairs:
+            # k = 16 (2 j + h) + 2 m + b -> word 8 h + m, nibble j + 4 b
+            nibbles = nibbles.view(p.shape[0], N, S, 4, 2, 8, 2).permute(0, 1, 2, 6, 3, 4, 5)
+            nibbles = nibbles.reshape(p.shape[0], N, S, PLANES, WORDS_PER_STEP)
+        else:
+            nibbles = nibbles.view(p.shape[0], N, S, PLANES, WORDS_PER_STEP)
         word = (nibbles << shifts).sum(dim=3)  # [e, N, S, 16], < 2^32
         word = torch.where(word >= 2**31, word - 2**32, word)
         words[e0:e0 + REPACK_EXPERTS] = word.reshape(p.shape[0], N, S * WORDS_PER_STEP).to(torch.int32)
@@ -139,4 +144,99 @@ def planes_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0
                                    SCALE_HIGH)
         acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 16 * (jj + 4) + r, K,
                          _scaled(hi, low, high, SCALE_HIGH, SWAP_AB), DOT_F32, SWAP_AB)
+    return acc
+
+
+@triton.jit
+def _bf16x2_scale(e, SCALE_HIGH: tl.constexpr):
+    """2^(e8m0 - 1) in both bf16 halves of an int32 (and 2^max(e - 128, 0) as the second factor
+    where SCALE_HIGH)."""
+    low = (tl.minimum(e, 128) + 126) << 7
+    if SCALE_HIGH:
+        high = (tl.maximum(e - 128, 0) + 127) << 7
+    else:
+        high = low
+    return low | (low << 16), high | (high << 16)
+
+
+@triton.jit
+def _mul_bf16x2(a, b):
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _pair_plane(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
+                SWAP_AB: tl.constexpr):
+    """One 16-wide plane from 8 words ([BN, 8], or [8, BN] unless SWAP_AB): pair jj of each word
+    holds k = 2m (low half) and 2m + 1 (high half), scaled by the group's e8m0 (broadcast along
+    the words' axis). Returns [BN, 16] (SWAP_AB) or [16, BN] in the dot's dtype (fp32 if DOT_F32)."""
+    if jj < 2:
+        mag = words << (6 - 4 * jj)
+    else:
+        mag = words >> (4 * jj - 6)
+    sign = words << (12 - 4 * jj)
+    pair = (mag & 0x01C001C0) | (sign & -0x7FFF8000)
+    if SWAP_AB:
+        e = e[:, None]
+    else:
+        e = e[None, :]
+    if DOT_F32:
+        low = ((tl.minimum(e, 128) + 126) << 23).to(tl.float32, bitcast=True)
+        lo = (pair << 16).to(tl.float32, bitcast=True) * low
+        hi = (pair & -65536).to(tl.float32, bitcast=True) * low
+        if SCALE_HIGH:
+            high = ((tl.maximum(e - 128, 0) + 127) << 23).to(tl.float32, bitcast=True)
+            lo = lo * high
+            hi = hi * high
+    else:
+        low, high = _bf16x2_scale(e, SCALE_HIGH)
+        pair = _mul_bf16x2(pair, tl.broadcast_to(low, pair.shape))
+        if SCALE_HIGH:
+            pair = _mul_bf16x2(pair, tl.broadcast_to(high, pair.shape))
+        lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    both = tl.join(lo, hi)
+    if SWAP_AB:
+        plane = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
+    else:
+        plane = tl.reshape(tl.permute(both, (0, 2, 1)), (2 * both.shape[0], both.shape[1]))
+    return plane
+
+
+@triton.jit
+def k_pairs_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we,
+                 stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+    """planes_step for the k-pairs layout (repack(k_pairs=True)): word 8 h + m, nibble j (low) and
+    j + 4 (high) hold k = 16 (2 j + h) + 2 m and the next k, so a word's two halves are adjacent k
+    of one plane, as the tensor cores take them, and scale by one bf16x2 multiply."""
+    step = k0 // 128
+    r = tl.arange(0, 8)
+    row_words = expert * stride_we + rows.to(tl.int64) * (tl.cdiv(K, 128) * 16) + step * 16
+    if SWAP_AB:
+        words0 = tl.load(w_ptr + row_words[:, None] + r[None, :], mask=row_ok[:, None], other=0)
+        words1 = tl.load(w_ptr + row_words[:, None] + 8 + r[None, :], mask=row_ok[:, None], other=0)
+    else:
+        words0 = tl.load(w_ptr + row_words[None, :] + r[:, None], mask=row_ok[None, :], other=0)
+        words1 = tl.load(w_ptr + row_words[None, :] + 8 + r[:, None], mask=row_ok[None, :], other=0)
+    kk = tl.arange(0, 16)
+    for jj in tl.static_range(4):
+        e = tl.load(s_ptr + expert * stride_se + (step * 4 + jj) * N_TOTAL + rows, mask=row_ok,
+                    other=0).to(tl.int32)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 32 * jj + kk, K,
+                         _pair_plane(words0, jj, e, SCALE_HIGH, DOT_F32, SWAP_AB), DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 32 * jj + 16 + kk, K,
+                         _pair_plane(words1, jj, e, SCALE_HIGH, DOT_F32, SWAP_AB), DOT_F32, SWAP_AB)
+    return acc
+
+
+@triton.jit
+def step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
+         SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr, K_PAIRS: tl.constexpr):
+    if K_PAIRS:
+        acc = k_pairs_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL,
+                           stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+    else:
+        acc = planes_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL,
+                          stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
     return acc

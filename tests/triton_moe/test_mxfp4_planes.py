@@ -1,0 +1,74 @@
+"""The repacked mxfp4 layout (backends/triton_moe/mxfp4_planes.py) decoded in a Triton kernel:
+every e2m1 nibble under e8m0 scales from 0 to 250 (so also above 128, where the scale takes two
+multiplies) lands at its k, bit for bit equal to the float64 dequantization, on K that is not a
+multiple of the 128-wide step. In the interpreter on CPU and on a CUDA GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from backends.reference import dequant
+from backends.triton_moe import mxfp4_planes
+from backends.triton_moe.mxfp4_planes import _plane_pair, _scale_factors, _scaled
+
+N, K = 24, 352  # 2.75 steps of 128
+EXPONENTS = (0, 1, 100, 119, 127, 128, 129, 200, 250)
+
+
+@triton.jit
+def _decode_kernel(w_ptr, s_ptr, out_ptr, N, K, SCALE_HIGH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n, k] = the fp32 weight the GEMM's planes hold, for every k of the padded steps."""
+    rows = tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    r = tl.arange(0, 16)
+    steps = tl.cdiv(K, 128)
+    for step in range(0, steps):
+        words = tl.load(w_ptr + rows[:, None] * (steps * 16) + step * 16 + r[None, :], mask=row_ok[:, None],
+                        other=0)
+        for jj in tl.static_range(4):
+            lo, hi = _plane_pair(words, jj)
+            low, high = _scale_factors(s_ptr, 0, 0, step * 4 + jj // 2, rows, row_ok, N, SCALE_HIGH)
+            lo = _scaled(lo, low, high, SCALE_HIGH, True)
+            low, high = _scale_factors(s_ptr, 0, 0, step * 4 + 2 + jj // 2, rows, row_ok, N, SCALE_HIGH)
+            hi = _scaled(hi, low, high, SCALE_HIGH, True)
+            k = step * 128 + 16 * jj + r
+            tl.store(out_ptr + rows[:, None] * (steps * 128) + k[None, :], lo, mask=row_ok[:, None])
+            tl.store(out_ptr + rows[:, None] * (steps * 128) + k[None, :] + 64, hi, mask=row_ok[:, None])
+
+
+def _weights(device):
+    g = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 256, (1, N, K // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    packed[0, 0, :8] = torch.arange(0, 256, 0x11, dtype=torch.int32)[:8].to(torch.uint8)  # all 16 nibbles
+    packed[0, 1, :8] = torch.arange(0x88, 256, 0x11, dtype=torch.int32)[:8].to(torch.uint8)
+    pick = torch.randint(0, len(EXPONENTS), (1, N, K // 32), generator=g)
+    e8m0 = torch.tensor(EXPONENTS, dtype=torch.uint8)[pick]
+    return packed.to(device), e8m0.to(device)
+
+
+def _check(device):
+    packed, e8m0 = _weights(device)
+    words, scales, scale_high = mxfp4_planes.repack(packed, e8m0)
+    assert scale_high
+    assert words.shape == (1, N, 3 * 16) and scales.shape == (1, 3 * 4, N)
+    out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
+    _decode_kernel[(1,)](words, scales, out, N, K, SCALE_HIGH=True, BLOCK_N=triton.next_power_of_2(N))
+    ref = dequant.mxfp4(packed.cpu(), e8m0.cpu(), torch.float64)[0]
+    got = out.cpu()
+    assert torch.equal(got[:, :K].double(), ref), "a decoded value differs from the float64 dequantization"
+    assert bool((got[:, K:] == 0).all()), "the padding past K does not decode to zeros"
+    # Rounded to bf16 for the dots: exact (two significant bits), nothing flushed to zero.
+    assert torch.equal(got[:, :K].bfloat16().double(), ref)
+
+
+@pytest.mark.usefixtures("interpreter")
+def test_decode_exact_in_interpreter():
+    _check("cpu")
+
+
+@pytest.mark.cuda
+def test_decode_exact_on_gpu():
+    _check("cuda:0")
