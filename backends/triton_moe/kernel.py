@@ -113,7 +113,8 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
                  mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None, grouped_n: bool = True, pair_gate_up: bool = False):
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True, pair_gate_up: bool = False,
+                 mxfp4_dot_k: int = 128):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
@@ -134,6 +135,7 @@ class TritonMoEKernel(MoEKernel):
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
         self.pair_gate_up = pair_gate_up
+        self.mxfp4_dot_k = mxfp4_dot_k
         if fp8_act is not None:
             self.variant = "w8a8" if fp8_act else "w8a16"
         elif mxfp4_path is not None:
@@ -234,7 +236,7 @@ class TritonMoEKernel(MoEKernel):
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
             MXFP4_PLANES=self.mxfp4_path in ("planes", "k_pairs"),
             SCALE_HIGH=scale_high, PAIR_GATE_UP=self.pair_gate_up and gate_stride == 2,
-            MXFP4_K_PAIRS=self.mxfp4_path == "k_pairs",
+            MXFP4_K_PAIRS=self.mxfp4_dot_k if self.mxfp4_path == "k_pairs" else 0,
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,

@@ -49,8 +49,8 @@ def repack(packed: torch.Tensor, e8m0: torch.Tensor, k_pairs: bool = False) -> t
         nibbles = torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], N, K)
         nibbles = torch.nn.functional.pad(nibbles, (0, S * STEP_K - K))
         if k_pairs:
-            # k = 16 (2 j + h) + 2 m + b -> word 8 h + m, nibble j + 4 b
-            nibbles = nibbles.view(p.shape[0], N, S, 4, 2, 8, 2).permute(0, 1, 2, 6, 3, 4, 5)
+            # k = 32 j + 2 r + b -> word r, nibble j + 4 b
+            nibbles = nibbles.view(p.shape[0], N, S, 4, WORDS_PER_STEP, 2).permute(0, 1, 2, 5, 3, 4)
             nibbles = nibbles.reshape(p.shape[0], N, S, PLANES, WORDS_PER_STEP)
         else:
             nibbles = nibbles.view(p.shape[0], N, S, PLANES, WORDS_PER_STEP)
@@ -166,11 +166,12 @@ def _mul_bf16x2(a, b):
 
 
 @triton.jit
-def _pair_plane(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
-                SWAP_AB: tl.constexpr):
-    """One 16-wide plane from 8 words ([BN, 8], or [8, BN] unless SWAP_AB): pair jj of each word
-    holds k = 2m (low half) and 2m + 1 (high half), scaled by the group's e8m0 (broadcast along
-    the words' axis). Returns [BN, 16] (SWAP_AB) or [16, BN] in the dot's dtype (fp32 if DOT_F32)."""
+def _k_pairs_tile(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
+                  SWAP_AB: tl.constexpr):
+    """The 32 values of scale group jj of a step from its 16 words ([BN, 16], or [16, BN] unless
+    SWAP_AB): pair jj of word r holds k = 32 jj + 2 r (low half) and the next k (high half), so the
+    halves are adjacent k as the tensor cores take them. Returns [BN, 32] (SWAP_AB) or [32, BN] in
+    the dot's dtype (fp32 if DOT_F32)."""
     if jj < 2:
         mag = words << (6 - 4 * jj)
     else:
@@ -198,35 +199,59 @@ def _pair_plane(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32: t
         hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     both = tl.join(lo, hi)
     if SWAP_AB:
-        plane = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
+        tile = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
     else:
-        plane = tl.reshape(tl.permute(both, (0, 2, 1)), (2 * both.shape[0], both.shape[1]))
-    return plane
+        tile = tl.reshape(tl.permute(both, (0, 2, 1)), (2 * both.shape[0], both.shape[1]))
+    return tile
+
+
+@triton.jit
+def _cat_k(a, b, SWAP_AB: tl.constexpr):
+    """a then b along K (the last axis with SWAP_AB, else the first)."""
+    both = tl.join(a, b)
+    if SWAP_AB:
+        cat = tl.reshape(tl.permute(both, (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+    else:
+        cat = tl.reshape(tl.permute(both, (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+    return cat
 
 
 @triton.jit
 def k_pairs_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we,
-                 stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
-    """planes_step for the k-pairs layout (repack(k_pairs=True)): word 8 h + m, nibble j (low) and
-    j + 4 (high) hold k = 16 (2 j + h) + 2 m and the next k, so a word's two halves are adjacent k
-    of one plane, as the tensor cores take them, and scale by one bf16x2 multiply."""
+                 stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
+                 DOT_K: tl.constexpr):
+    """planes_step for the k-pairs layout (repack(k_pairs=True)): each scale group's 32 values
+    decoded from the step's 16 words (one bf16x2 multiply per two values), DOT_K of them per dot
+    (32, 64 or 128: one to four groups joined along K)."""
     step = k0 // 128
-    r = tl.arange(0, 8)
+    r = tl.arange(0, 16)
     row_words = expert * stride_we + rows.to(tl.int64) * (tl.cdiv(K, 128) * 16) + step * 16
     if SWAP_AB:
-        words0 = tl.load(w_ptr + row_words[:, None] + r[None, :], mask=row_ok[:, None], other=0)
-        words1 = tl.load(w_ptr + row_words[:, None] + 8 + r[None, :], mask=row_ok[:, None], other=0)
+        words = tl.load(w_ptr + row_words[:, None] + r[None, :], mask=row_ok[:, None], other=0)
     else:
-        words0 = tl.load(w_ptr + row_words[None, :] + r[:, None], mask=row_ok[None, :], other=0)
-        words1 = tl.load(w_ptr + row_words[None, :] + 8 + r[:, None], mask=row_ok[None, :], other=0)
-    kk = tl.arange(0, 16)
-    for jj in tl.static_range(4):
-        e = tl.load(s_ptr + expert * stride_se + (step * 4 + jj) * N_TOTAL + rows, mask=row_ok,
-                    other=0).to(tl.int32)
-        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 32 * jj + kk, K,
-                         _pair_plane(words0, jj, e, SCALE_HIGH, DOT_F32, SWAP_AB), DOT_F32, SWAP_AB)
-        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 32 * jj + 16 + kk, K,
-                         _pair_plane(words1, jj, e, SCALE_HIGH, DOT_F32, SWAP_AB), DOT_F32, SWAP_AB)
+        words = tl.load(w_ptr + row_words[None, :] + r[:, None], mask=row_ok[None, :], other=0)
+    scales = s_ptr + expert * stride_se + (step * 4) * N_TOTAL + rows
+    e0 = tl.load(scales, mask=row_ok, other=0).to(tl.int32)
+    e1 = tl.load(scales + N_TOTAL, mask=row_ok, other=0).to(tl.int32)
+    e2 = tl.load(scales + 2 * N_TOTAL, mask=row_ok, other=0).to(tl.int32)
+    e3 = tl.load(scales + 3 * N_TOTAL, mask=row_ok, other=0).to(tl.int32)
+    t0 = _k_pairs_tile(words, 0, e0, SCALE_HIGH, DOT_F32, SWAP_AB)
+    t1 = _k_pairs_tile(words, 1, e1, SCALE_HIGH, DOT_F32, SWAP_AB)
+    t2 = _k_pairs_tile(words, 2, e2, SCALE_HIGH, DOT_F32, SWAP_AB)
+    t3 = _k_pairs_tile(words, 3, e3, SCALE_HIGH, DOT_F32, SWAP_AB)
+    if DOT_K == 32:
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + tl.arange(0, 32), K, t0, DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 32 + tl.arange(0, 32), K, t1, DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 64 + tl.arange(0, 32), K, t2, DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 96 + tl.arange(0, 32), K, t3, DOT_F32, SWAP_AB)
+    elif DOT_K == 64:
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + tl.arange(0, 64), K, _cat_k(t0, t1, SWAP_AB),
+                         DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 64 + tl.arange(0, 64), K, _cat_k(t2, t3, SWAP_AB),
+                         DOT_F32, SWAP_AB)
+    else:
+        tile = _cat_k(_cat_k(t0, t1, SWAP_AB), _cat_k(t2, t3, SWAP_AB), SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + tl.arange(0, 128), K, tile, DOT_F32, SWAP_AB)
     return acc
 
 
@@ -235,7 +260,7 @@ def step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_
          SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr, K_PAIRS: tl.constexpr):
     if K_PAIRS:
         acc = k_pairs_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL,
-                           stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+                           stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB, K_PAIRS)
     else:
         acc = planes_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL,
                           stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
