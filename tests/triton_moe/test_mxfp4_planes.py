@@ -12,7 +12,7 @@ import triton.language as tl
 
 from backends.reference import dequant
 from backends.triton_moe import mxfp4_planes
-from backends.triton_moe.mxfp4_planes import _plane_pair, _scale_factors, _scaled
+from backends.triton_moe.mxfp4_planes import _k_pairs_tile, _plane_pair, _scale_factors, _scaled
 
 N, K = 24, 352  # 2.75 steps of 128
 EXPONENTS = (0, 1, 100, 119, 127, 128, 129, 200, 250)
@@ -39,6 +39,25 @@ def _decode_kernel(w_ptr, s_ptr, out_ptr, N, K, SCALE_HIGH: tl.constexpr, BLOCK_
             tl.store(out_ptr + rows[:, None] * (steps * 128) + k[None, :] + 64, hi, mask=row_ok[:, None])
 
 
+@triton.jit
+def _decode_k_pairs_kernel(w_ptr, s_ptr, out_ptr, N, K, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    """out[n, k] = the weight the k-pairs tiles hold (bf16 on the GPU path, fp32 with DOT_F32)."""
+    rows = tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    r = tl.arange(0, 16)
+    steps = tl.cdiv(K, 128)
+    for step in range(0, steps):
+        words = tl.load(w_ptr + rows[:, None] * (steps * 16) + step * 16 + r[None, :], mask=row_ok[:, None],
+                        other=0)
+        for jj in tl.static_range(4):
+            e = tl.load(s_ptr + (step * 4 + jj) * N + rows, mask=row_ok, other=0).to(tl.int32)
+            tile = _k_pairs_tile(words, jj, e, SCALE_HIGH, DOT_F32, True)
+            k = step * 128 + 32 * jj + tl.arange(0, 32)
+            tl.store(out_ptr + rows[:, None] * (steps * 128) + k[None, :], tile.to(tl.float32),
+                     mask=row_ok[:, None])
+
+
 def _weights(device):
     g = torch.Generator().manual_seed(0)
     packed = torch.randint(0, 256, (1, N, K // 2), generator=g, dtype=torch.int32).to(torch.uint8)
@@ -52,6 +71,7 @@ def _weights(device):
 def _check(device):
     packed, e8m0 = _weights(device)
     words, scales, scale_high = mxfp4_planes.repack(packed, e8m0)
+    _check_k_pairs(packed, e8m0, device)
     assert scale_high
     assert words.shape == (1, N, 3 * 16) and scales.shape == (1, 3 * 4, N)
     out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
@@ -62,6 +82,18 @@ def _check(device):
     assert bool((got[:, K:] == 0).all()), "the padding past K does not decode to zeros"
     # Rounded to bf16 for the dots: exact (two significant bits), nothing flushed to zero.
     assert torch.equal(got[:, :K].bfloat16().double(), ref)
+
+
+def _check_k_pairs(packed, e8m0, device):
+    words, scales, _ = mxfp4_planes.repack(packed, e8m0, k_pairs=True)
+    out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
+    _decode_k_pairs_kernel[(1,)](words, scales, out, N, K, SCALE_HIGH=True, DOT_F32=device == "cpu",
+                                 BLOCK_N=triton.next_power_of_2(N))
+    ref = dequant.mxfp4(packed.cpu(), e8m0.cpu(), torch.float64)[0]
+    got = out.cpu().double()
+    # bf16 holds every decoded value exactly, up to 6 x 2^123 (e8m0 250): nothing rounded, none flushed.
+    assert torch.equal(got[:, :K], ref), "a k-pairs value differs from the float64 dequantization"
+    assert bool((got[:, K:] == 0).all()), "the padding past K does not decode to zeros"
 
 
 @pytest.mark.usefixtures("interpreter")
