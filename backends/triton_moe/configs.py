@@ -56,6 +56,8 @@ DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
 MAX_GROUP_M = 16
+# mxfp4 paths on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
+REPACKED_MXFP4_PATHS = ("planes", "k_pairs")
 FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
@@ -191,6 +193,16 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
+def _mxfp4_prefill(tiles_n: int, block_m: int, smem: int, swap_ab: bool) -> GemmConfig:
+    """Repacked mxfp4 at prefill: swap-AB (the decoded weights are wgmma's register operand, no
+    round trip through shared memory), 128 weight rows per tile (gate and up 64 each where fused),
+    one 128-wide K step of activations and words per stage."""
+    block_n = 128 // tiles_n
+    stage = _stage_bytes(block_m, block_n, 128, tiles_n, 16, _weight_bits("mxfp4"))
+    stages = max(2, min(MAX_STAGES_BLOCK_M_128 if block_m >= 128 else 4, int(smem // stage)))
+    return GemmConfig(block_n, 128, 8 if block_m >= 128 else 4, stages, swap_ab=swap_ab)
+
+
 def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
                smem: int) -> GemmConfig:
     """fp8 x fp8 tiles (NVIDIA sm_89+). BLOCK_K 128: one activation scale and one weight block
@@ -228,7 +240,7 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
-           swap_ab: Optional[bool] = None, mxfp4_path: str = "planes",
+           swap_ab: Optional[bool] = None, mxfp4_path: str = "k_pairs",
            grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
@@ -284,6 +296,13 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
+    repacked = spec.weight_format == "mxfp4" and mxfp4_path in REPACKED_MXFP4_PATHS
+    if repacked and not decode:
+        gemm1 = _mxfp4_prefill(tiles_1, block_m, smem, swap_ab is not False)
+        gemm2 = _mxfp4_prefill(1, block_m, smem, swap_ab is not False)
+        if gemm1.swap_ab:
+            reasons.append("mxfp4 prefill: swap-AB, the e2m1 words decoded in registers straight into "
+                           "wgmma's first operand")
     # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
@@ -316,8 +335,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    planes = spec.weight_format == "mxfp4" and mxfp4_path in ("planes", "k_pairs")
-    if gemv is False or planes or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
+    if gemv is False or repacked or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).

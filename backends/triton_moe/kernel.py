@@ -36,7 +36,7 @@ NAME = "triton_moe"
 LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
 GEMV_LAUNCHES = 2
 MXFP4_PATHS = ("planes", "k_pairs", "dot_scaled", "bits")
-DEFAULT_MXFP4_PATH = "planes"
+DEFAULT_MXFP4_PATH = "k_pairs"
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
 ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
@@ -66,7 +66,7 @@ class TritonMoEWeights:
     expert_map: Optional[torch.Tensor]  # int32 [num_experts]
     gate_stride: int  # w13 row of gate column n is n * gate_stride; up is that + up_offset
     up_offset: int
-    mxfp4_planes: bool = False  # mxfp4 repacked into K planes (mxfp4_planes.repack)
+    mxfp4_layout: str = "checkpoint"  # or the repacked path's name (mxfp4_planes.repack)
     scale_high: bool = False  # mxfp4 planes: an e8m0 above 128 somewhere, scaled in two multiplies
 
 
@@ -100,6 +100,13 @@ def align_programs(routes: int) -> tuple:
     return triton.cdiv(routes, chunk), chunk
 
 
+def _interleave_rows(t: Optional[torch.Tensor], half: int) -> Optional[torch.Tensor]:
+    """[E, 2 * half, ...] rows gate 0..half-1 then up -> gate 0, up 0, gate 1, up 1, ..."""
+    if t is None:
+        return None
+    return torch.stack((t[:, :half], t[:, half:]), dim=2).flatten(1, 2).contiguous()
+
+
 def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
     if t is None:
@@ -113,7 +120,7 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
                  mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None, grouped_n: bool = True, pair_gate_up: bool = False,
+                 swap_ab: Optional[bool] = None, grouped_n: bool = True, pair_gate_up: bool = True,
                  mxfp4_dot_k: int = 128):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
@@ -199,17 +206,23 @@ class TritonMoEKernel(MoEKernel):
         bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
         keep = (lambda t: None if t is None else t.contiguous())
         w2, s2, scale_high = weights.w2, weights.w2_scale, False
-        planes = self._mxfp4_planes()
-        if planes:
-            k_pairs = self.mxfp4_path == "k_pairs"
+        layout = self._mxfp4_layout()
+        if layout != "checkpoint":
+            if spec.gated and gate_stride == 1:
+                # Gate row n next to up row n: GEMM 1 takes both in one tile.
+                w13, s13, b13 = (_interleave_rows(t, spec.intermediate_size) for t in (w13, s13, b13))
+                gate_stride, up_offset = 2, 1
+            k_pairs = layout == "k_pairs"
             w13, s13, high13 = mxfp4_planes.repack(w13, s13, k_pairs)
             w2, s2, high2 = mxfp4_planes.repack(w2, s2, k_pairs)
             scale_high = high13 or high2
         return TritonMoEWeights(keep(w13), keep(w2), keep(s13), keep(s2), bias(b13), bias(weights.b2),
-                                expert_map, gate_stride, up_offset, planes, scale_high)
+                                expert_map, gate_stride, up_offset, layout, scale_high)
 
-    def _mxfp4_planes(self) -> bool:
-        return self.spec.weight_format == "mxfp4" and self.mxfp4_path in ("planes", "k_pairs")
+    def _mxfp4_layout(self) -> str:
+        if self.spec.weight_format == "mxfp4" and self.mxfp4_path in configs.REPACKED_MXFP4_PATHS:
+            return self.mxfp4_path
+        return "checkpoint"
 
     # --- per call ------------------------------------------------------------------------------
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
@@ -234,7 +247,7 @@ class TritonMoEKernel(MoEKernel):
             A_FP8=fp8_act and fmt == "fp8_block128", A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
-            MXFP4_PLANES=self.mxfp4_path in ("planes", "k_pairs"),
+            MXFP4_PLANES=self._mxfp4_layout() != "checkpoint",
             SCALE_HIGH=scale_high, PAIR_GATE_UP=self.pair_gate_up and gate_stride == 2,
             MXFP4_K_PAIRS=self.mxfp4_dot_k if self.mxfp4_path == "k_pairs" else 0,
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
@@ -284,7 +297,7 @@ class TritonMoEKernel(MoEKernel):
         """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
         a benchmark may time them one by one, a test read the scratch between them."""
         spec = self.spec
-        if data.mxfp4_planes != self._mxfp4_planes():
+        if data.mxfp4_layout != self._mxfp4_layout():
             raise ValueError("prepared holds mxfp4 weights in another layout than this kernel's "
                              f"mxfp4_path={self.mxfp4_path!r}: call this kernel's prepare_weights")
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size

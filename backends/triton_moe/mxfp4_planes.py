@@ -148,24 +148,6 @@ def planes_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0
 
 
 @triton.jit
-def _bf16x2_scale(e, SCALE_HIGH: tl.constexpr):
-    """2^(e8m0 - 1) in both bf16 halves of an int32 (and 2^max(e - 128, 0) as the second factor
-    where SCALE_HIGH)."""
-    low = (tl.minimum(e, 128) + 126) << 7
-    if SCALE_HIGH:
-        high = (tl.maximum(e - 128, 0) + 127) << 7
-    else:
-        high = low
-    return low | (low << 16), high | (high << 16)
-
-
-@triton.jit
-def _mul_bf16x2(a, b):
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
 def _k_pairs_tile(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
                   SWAP_AB: tl.constexpr):
     """The 32 values of scale group jj of a step from its 16 words ([BN, 16], or [16, BN] unless
@@ -182,21 +164,17 @@ def _k_pairs_tile(words, jj: tl.constexpr, e, SCALE_HIGH: tl.constexpr, DOT_F32:
         e = e[:, None]
     else:
         e = e[None, :]
-    if DOT_F32:
-        low = ((tl.minimum(e, 128) + 126) << 23).to(tl.float32, bitcast=True)
-        lo = (pair << 16).to(tl.float32, bitcast=True) * low
-        hi = (pair & -65536).to(tl.float32, bitcast=True) * low
-        if SCALE_HIGH:
-            high = ((tl.maximum(e - 128, 0) + 127) << 23).to(tl.float32, bitcast=True)
-            lo = lo * high
-            hi = hi * high
-    else:
-        low, high = _bf16x2_scale(e, SCALE_HIGH)
-        pair = _mul_bf16x2(pair, tl.broadcast_to(low, pair.shape))
-        if SCALE_HIGH:
-            pair = _mul_bf16x2(pair, tl.broadcast_to(high, pair.shape))
-        lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    low = ((tl.minimum(e, 128) + 126) << 23).to(tl.float32, bitcast=True)
+    lo = (pair << 16).to(tl.float32, bitcast=True) * low
+    hi = (pair & -65536).to(tl.float32, bitcast=True) * low
+    if SCALE_HIGH:
+        high = ((tl.maximum(e - 128, 0) + 127) << 23).to(tl.float32, bitcast=True)
+        lo = lo * high
+        hi = hi * high
+    if not DOT_F32:
+        # Exact: two significant bits. lo and hi are adjacent k, one bf16x2 conversion.
+        lo = lo.to(tl.bfloat16)
+        hi = hi.to(tl.bfloat16)
     both = tl.join(lo, hi)
     if SWAP_AB:
         tile = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
@@ -214,6 +192,12 @@ def _cat_k(a, b, SWAP_AB: tl.constexpr):
     else:
         cat = tl.reshape(tl.permute(both, (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
     return cat
+
+
+@triton.jit
+def step_tile(t0, t1, t2, t3, SWAP_AB: tl.constexpr):
+    """The four groups' tiles joined along K: the whole 128-wide step."""
+    return _cat_k(_cat_k(t0, t1, SWAP_AB), _cat_k(t2, t3, SWAP_AB), SWAP_AB)
 
 
 @triton.jit
@@ -250,8 +234,8 @@ def k_pairs_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k
         acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + 64 + tl.arange(0, 64), K, _cat_k(t2, t3, SWAP_AB),
                          DOT_F32, SWAP_AB)
     else:
-        tile = _cat_k(_cat_k(t0, t1, SWAP_AB), _cat_k(t2, t3, SWAP_AB), SWAP_AB)
-        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + tl.arange(0, 128), K, tile, DOT_F32, SWAP_AB)
+        acc = _plane_dot(acc, a_ptr, a_rows, live, k0 + tl.arange(0, 128), K,
+                         step_tile(t0, t1, t2, t3, SWAP_AB), DOT_F32, SWAP_AB)
     return acc
 
 

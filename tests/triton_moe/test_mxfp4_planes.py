@@ -12,7 +12,7 @@ import triton.language as tl
 
 from backends.reference import dequant
 from backends.triton_moe import mxfp4_planes
-from backends.triton_moe.mxfp4_planes import _k_pairs_tile, _plane_pair, _scale_factors, _scaled
+from backends.triton_moe.mxfp4_planes import _k_pairs_tile, _plane_pair, _scale_factors, _scaled, step_tile
 
 N, K = 24, 352  # 2.75 steps of 128
 EXPONENTS = (0, 1, 100, 119, 127, 128, 129, 200, 250)
@@ -41,21 +41,36 @@ def _decode_kernel(w_ptr, s_ptr, out_ptr, N, K, SCALE_HIGH: tl.constexpr, BLOCK_
 
 @triton.jit
 def _decode_k_pairs_kernel(w_ptr, s_ptr, out_ptr, N, K, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
-    """out[n, k] = the weight the k-pairs tiles hold (bf16 on the GPU path, fp32 with DOT_F32)."""
+                           SWAP_AB: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n, k] = the weight the GEMM's whole-step k-pairs tile holds ([BN, 128], or [128, BN]
+    unless SWAP_AB; bf16 on the GPU path, fp32 with DOT_F32)."""
     rows = tl.arange(0, BLOCK_N)
     row_ok = rows < N
     r = tl.arange(0, 16)
+    kk = tl.arange(0, 128)
     steps = tl.cdiv(K, 128)
     for step in range(0, steps):
-        words = tl.load(w_ptr + rows[:, None] * (steps * 16) + step * 16 + r[None, :], mask=row_ok[:, None],
-                        other=0)
-        for jj in tl.static_range(4):
-            e = tl.load(s_ptr + (step * 4 + jj) * N + rows, mask=row_ok, other=0).to(tl.int32)
-            tile = _k_pairs_tile(words, jj, e, SCALE_HIGH, DOT_F32, True)
-            k = step * 128 + 32 * jj + tl.arange(0, 32)
+        if SWAP_AB:
+            words = tl.load(w_ptr + rows[:, None] * (steps * 16) + step * 16 + r[None, :],
+                            mask=row_ok[:, None], other=0)
+        else:
+            words = tl.load(w_ptr + rows[None, :] * (steps * 16) + step * 16 + r[:, None],
+                            mask=row_ok[None, :], other=0)
+        e0 = tl.load(s_ptr + (step * 4) * N + rows, mask=row_ok, other=0).to(tl.int32)
+        e1 = tl.load(s_ptr + (step * 4 + 1) * N + rows, mask=row_ok, other=0).to(tl.int32)
+        e2 = tl.load(s_ptr + (step * 4 + 2) * N + rows, mask=row_ok, other=0).to(tl.int32)
+        e3 = tl.load(s_ptr + (step * 4 + 3) * N + rows, mask=row_ok, other=0).to(tl.int32)
+        tile = step_tile(_k_pairs_tile(words, 0, e0, SCALE_HIGH, DOT_F32, SWAP_AB),
+                         _k_pairs_tile(words, 1, e1, SCALE_HIGH, DOT_F32, SWAP_AB),
+                         _k_pairs_tile(words, 2, e2, SCALE_HIGH, DOT_F32, SWAP_AB),
+                         _k_pairs_tile(words, 3, e3, SCALE_HIGH, DOT_F32, SWAP_AB), SWAP_AB)
+        k = step * 128 + kk
+        if SWAP_AB:
             tl.store(out_ptr + rows[:, None] * (steps * 128) + k[None, :], tile.to(tl.float32),
                      mask=row_ok[:, None])
+        else:
+            tl.store(out_ptr + rows[None, :] * (steps * 128) + k[:, None], tile.to(tl.float32),
+                     mask=row_ok[None, :])
 
 
 def _weights(device):
@@ -86,14 +101,15 @@ def _check(device):
 
 def _check_k_pairs(packed, e8m0, device):
     words, scales, _ = mxfp4_planes.repack(packed, e8m0, k_pairs=True)
-    out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
-    _decode_k_pairs_kernel[(1,)](words, scales, out, N, K, SCALE_HIGH=True, DOT_F32=device == "cpu",
-                                 BLOCK_N=triton.next_power_of_2(N))
     ref = dequant.mxfp4(packed.cpu(), e8m0.cpu(), torch.float64)[0]
-    got = out.cpu().double()
-    # bf16 holds every decoded value exactly, up to 6 x 2^123 (e8m0 250): nothing rounded, none flushed.
-    assert torch.equal(got[:, :K], ref), "a k-pairs value differs from the float64 dequantization"
-    assert bool((got[:, K:] == 0).all()), "the padding past K does not decode to zeros"
+    for swap_ab in (True, False):
+        out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
+        _decode_k_pairs_kernel[(1,)](words, scales, out, N, K, SCALE_HIGH=True, DOT_F32=device == "cpu",
+                                     SWAP_AB=swap_ab, BLOCK_N=triton.next_power_of_2(N))
+        got = out.cpu().double()
+        # bf16 holds every decoded value exactly, up to 6 x 2^123 (e8m0 250): none rounded or flushed.
+        assert torch.equal(got[:, :K], ref), f"a k-pairs value differs from float64 (swap_ab={swap_ab})"
+        assert bool((got[:, K:] == 0).all()), "the padding past K does not decode to zeros"
 
 
 @pytest.mark.usefixtures("interpreter")
