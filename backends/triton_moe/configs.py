@@ -13,6 +13,9 @@ no Triton), so it is tested on recorded profiles anywhere.
   H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 8%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
+- Repacked mxfp4 (its default path, mxfp4_repacked): no GEMV; swap-AB wherever the N tiles need not
+  narrow to 32 (the decoded weights as wgmma's register operand), 64 weight rows per tile at
+  BLOCK_M 16 and 128 from 32; GEMM 1's tile holds gate and up rows together.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
@@ -200,9 +203,10 @@ def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, bl
     dot's register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per
     tile (one wgmma M) at BLOCK_M 16 and 128 from BLOCK_M 32 (three stages); where the decode rule
     narrowed the N tiles to 32 to keep the GPU busy (1 token), the usual order with those tiles
-    (16-row mma.sync). Two stages on AMD. On the H200, gpt-oss-120b: 60.5 us against 70.9 swapped at 1 token; swapped
-    291.2 against 320.9 at 8 tokens, 1001.9 against 1044.1 at 64 (128 rows in GEMM 1), 1361.3 against
-    2010.7 at 512; at 4096 tokens 4228.6 (8 warps) against 5647.0 with 64-row blocks and 4 warps."""
+    (16-row mma.sync). Two stages on AMD. On the H200 (config sweep, 2 Dec 2026), gpt-oss-120b:
+    60.5 us against 70.9 swapped at 1 token; swapped 291.2 against 320.9 at 8 tokens, 1001.9
+    against 1044.1 at 64 (128 rows in GEMM 1), 1361.3 against 2010.7 at 512; at 4096 tokens 4228.6
+    (8 warps) against 5647.0 with 64-row blocks and 4 warps."""
     if decode and gemm1.block_n <= MIN_DECODE_BLOCK_N and not swap_ab:
         return gemm1, gemm2, ("mxfp4 decode: N tiles of 32 for enough programs, 16-row mma.sync with "
                               "the decoded weights second")
@@ -317,7 +321,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     if repacked:
         gemm1, gemm2, why = _mxfp4_repacked_tiles(gemm1, gemm2, tiles_1, block_m, decode, smem, amd, swap_ab)
         reasons.append(why)
-    # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
+    # Not for mxfp4, whose prefill is bound by the e2m1 decode in registers, not by weight reads
+    # (measured with dot_scaled):
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
     if not decode and grouped_n and spec.weight_format != "mxfp4":
