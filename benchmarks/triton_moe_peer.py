@@ -16,9 +16,9 @@ tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` wh
 GEMV path over, `dot_scaled` for mxfp4 (the checkpoint layout through Triton's dot_scaled, and the
 GEMV where its rule takes it, on weights prepared for it); with --fp8-act (fp8 layers as w8a8),
 `w8a16` and the w8a8 GEMMs in the other operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs`
-where the rule keeps the w8a16 GEMV; ratios are peer time / ours (above 1: triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
-FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
-over the median.
+where the rule keeps the w8a16 GEMV; ratios are peer time / ours (above 1: triton_moe is faster).
+roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the matmul rate
+of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the median.
 """
 
 from __future__ import annotations

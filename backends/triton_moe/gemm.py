@@ -300,13 +300,13 @@ def moe_gemm_kernel(
                                                pair_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
                                                DOT_F32, SWAP_AB)
         elif REPACKED:
-            acc = mxfp4_repacked.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, K,
-                                          N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+            acc = mxfp4_repacked.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0,
+                                          K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
         else:
-            acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows,
-                                  up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size,
-                                  FORMAT, A_FP8, A_QUANTIZED, DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, GATED,
-                                  BLOCK_K, BLOCK_N, SWAP_AB)
+            acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
+                                  gate_rows, up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols,
+                                  group_size, FORMAT, A_FP8, A_QUANTIZED, DOT_F32, MXFP4_DOT_SCALED, A_FORMAT,
+                                  GATED, BLOCK_K, BLOCK_N, SWAP_AB)
     if PAIRED:
         if SWAP_AB:
             acc_pair = tl.trans(acc_pair)

@@ -137,9 +137,11 @@ def dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K
                   DOT_F32, SWAP_AB)
     k = k0 + tl.arange(0, 128)
     if SWAP_AB:
-        a = tl.load(a_ptr + a_rows[None, :] * K + k[:, None], mask=live[None, :] & (k[:, None] < K), other=0.0)
+        a = tl.load(a_ptr + a_rows[None, :] * K + k[:, None], mask=live[None, :] & (k[:, None] < K),
+                    other=0.0)
     else:
-        a = tl.load(a_ptr + a_rows[:, None] * K + k[None, :], mask=live[:, None] & (k[None, :] < K), other=0.0)
+        a = tl.load(a_ptr + a_rows[:, None] * K + k[None, :], mask=live[:, None] & (k[None, :] < K),
+                    other=0.0)
     if DOT_F32:
         a = a.to(tl.float32)
     else:
