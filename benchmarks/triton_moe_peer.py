@@ -13,12 +13,12 @@ timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue lau
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
 `alternative` the rule's alternatives where it has some: `gemm` (tensor-core GEMMs, each block's N
 tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` where it passes the
-GEMV path over; with --fp8-act (fp8 layers as w8a8), `w8a16` and the w8a8 GEMMs in the other
-operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs` where the rule keeps the w8a16 GEMV;
-ratios are peer time / ours (above 1:
-triton_moe is faster). roof: the floor time (the touched experts' bytes at the copy rate, or the
-FLOPs at the matmul rate of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's)
-over the median.
+GEMV path over, `dot_scaled` for mxfp4 (the checkpoint layout through Triton's dot_scaled, and the
+GEMV where its rule takes it, on weights prepared for it); with --fp8-act (fp8 layers as w8a8),
+`w8a16` and the w8a8 GEMMs in the other operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs`
+where the rule keeps the w8a16 GEMV; ratios are peer time / ours (above 1: triton_moe is faster).
+roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the matmul rate
+of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the median.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ CASES = {
     "kimi-k2-ep8:fp8": ("kimi-k2", "fp8_block128", "fp8_block128", {"num_local_experts": 48}),
     "tiny:bf16": ("qwen3-30b-a3b", "bf16", "bf16", TINY),
     "tiny-ep:fp8": ("qwen3-30b-a3b", "fp8_block128", "fp8_block128", dict(TINY, num_local_experts=6)),
+    "tiny:mxfp4": ("gpt-oss-120b", "mxfp4", "bf16", TINY),
 }
 DEFAULT_CASES = ("qwen3-30b-a3b:bf16", "qwen3-30b-a3b:fp8", "deepseek-v3-ep8:fp8", "mixtral-8x7b:bf16",
                  "gpt-oss-120b:bf16", "gpt-oss-120b:mxfp4")
@@ -169,9 +170,14 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     w8a8 = fp8_act and ours_fmt == "fp8_block128"
     kernel = TritonMoEKernel(spec, target, fp8_act=True) if w8a8 else TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
-    # The rule's alternatives (the weights are prepared the same way for every variant).
+    # The rule's alternatives (the weights are prepared the same way for every variant but mxfp4's
+    # checkpoint-layout path, which gets its own).
     grouped = {"gemm": TritonMoEKernel(spec, target, gemv=False, swap_ab=False, grouped_n=False),
                "gemv": TritonMoEKernel(spec, target, gemv=True)}
+    own_prepared = {}
+    if ours_fmt == "mxfp4":
+        grouped = {"dot_scaled": TritonMoEKernel(spec, target, mxfp4_path="dot_scaled")}
+        own_prepared["dot_scaled"] = grouped["dot_scaled"].prepare_weights(weights)
     if w8a8:
         grouped = {"w8a16": TritonMoEKernel(spec, target),
                    "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=True, gemv=False),
@@ -189,8 +195,8 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
             print(f"# {name} T={tokens}: skipped (time budget spent)", file=log, flush=True)
             continue
         try:
-            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, peer, peer_spec,
-                            ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
+            row = run_point(name, tokens, spec, weights, kernel, prepared, grouped, own_prepared, peer,
+                            peer_spec, ours_fmt == peer_fmt, ceil, fp8_rate, iters, device, log)
             if row is None:
                 continue
             rows.append(row)
@@ -199,14 +205,14 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
                   flush=True)
             continue
         print(format_row(rows[-1]), file=log, flush=True)
-    del prepared, weights, peer
+    del prepared, own_prepared, weights, peer
     if device != "cpu":
         torch.cuda.empty_cache()
     return rows
 
 
-def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer, peer_spec, same_weights,
-              ceil, fp8_rate, iters, device, log) -> Row:
+def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, own_prepared, peer, peer_spec,
+              same_weights, ceil, fp8_rate, iters, device, log) -> Row:
     sets, touched, routes = input_sets(spec, tokens, device, weights.expert_map)
     outs = {side: [torch.empty_like(x) for x, _, _ in sets] for side in ("ours", "peer", *alternatives)}
 
@@ -222,12 +228,14 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, peer,
         alts = ["w8a16", "no swap-AB" if chosen.gemm1.swap_ab else "swap-AB"]
     elif kernel.fp8_act and spec.weight_format == "fp8_block128":
         alts = ["w8a8 GEMMs"]  # w8a8 asked for, the rule keeps the w8a16 GEMV
+    elif spec.weight_format == "mxfp4":
+        alts = ["dot_scaled"]  # the checkpoint layout through Triton's dot_scaled (and its GEMV)
     elif chosen.gemv1 is not None or any(g.group_m > 1 for g in (chosen.gemm1, chosen.gemm2)):
         alts = ["gemm"]  # the tensor-core GEMMs, each block's N tiles in turn
     elif configs.uses_gemv(spec, chosen.tokens_bucket, False, 0, forced=True):
         alts = ["gemv"]  # the GEMV path the rule passes over for this format
     for alt in alts:
-        sides[alt] = calls_of(alternatives[alt], prepared, alt)
+        sides[alt] = calls_of(alternatives[alt], own_prepared.get(alt, prepared), alt)
     peer_config = ""
     if peer is not None:
         calls = [peer.call(x, tw, ti, o) for (x, tw, ti), o in zip(sets, outs["peer"], strict=True)]

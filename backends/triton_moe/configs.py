@@ -13,6 +13,9 @@ no Triton), so it is tested on recorded profiles anywhere.
   H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 8%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
+- Repacked mxfp4 (its default path, mxfp4_repacked): no GEMV; swap-AB wherever the N tiles need not
+  narrow to 32 (the decoded weights as wgmma's register operand), 64 weight rows per tile at
+  BLOCK_M 16 and 128 from 32; GEMM 1's tile holds gate and up rows together.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
@@ -52,10 +55,13 @@ GEMV_MAX_BLOCK_N = 32
 GEMV_MIN_BLOCK_N = 4
 GEMV_TILE_VALUES = {"bf16": 4096, "fp8_block128": 4096, "mxfp4": 8192}
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
+MIN_DECODE_BLOCK_N = 32
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
 MAX_GROUP_M = 16
+# The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
+REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
@@ -167,7 +173,7 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     if decode:
         block_k = 128
         block_n = 64
-        while block_n > 32 and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
+        while block_n > MIN_DECODE_BLOCK_N and blocks * math.ceil(n / block_n) < PROGRAMS_PER_SM * sms:
             block_n //= 2
         warps = 4
     else:
@@ -189,6 +195,33 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     if block_m >= 128:
         stages = min(stages, MAX_STAGES_BLOCK_M_128)
     return GemmConfig(block_n, block_k, warps, stages)
+
+
+def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, block_m: int, decode: bool,
+                          smem: int, amd: bool, swap_ab: Optional[bool]) -> tuple:
+    """Repacked mxfp4 (gate and up rows in one GEMM 1 tile): swap-AB, the decoded weights as the
+    dot's register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per
+    tile (one wgmma M) at BLOCK_M 16 and 128 from BLOCK_M 32 (three stages); where the decode rule
+    narrowed the N tiles to 32 to keep the GPU busy (1 token), the usual order with those tiles
+    (16-row mma.sync). Two stages on AMD. On the H200 (config sweep, 2 Dec 2026), gpt-oss-120b:
+    60.5 us against 70.9 swapped at 1 token; swapped 291.2 against 320.9 at 8 tokens, 1001.9
+    against 1044.1 at 64 (128 rows in GEMM 1), 1361.3 against 2010.7 at 512; at 4096 tokens 4228.6
+    (8 warps) against 5647.0 with 64-row blocks and 4 warps."""
+    if decode and gemm1.block_n <= MIN_DECODE_BLOCK_N and not swap_ab:
+        return gemm1, gemm2, ("mxfp4 decode: N tiles of 32 for enough programs, 16-row mma.sync with "
+                              "the decoded weights second")
+    rows = 64 if block_m <= 16 else 128
+    warps = 8 if block_m >= 128 else 4
+
+    def tile(tiles_n: int) -> GemmConfig:
+        block_n = rows // tiles_n
+        stage = _stage_bytes(block_m, block_n, 128, tiles_n, 16, _weight_bits("mxfp4"))
+        stages = max(2, min(2 if amd else 4 if rows == 64 else 3, int(smem // stage)))
+        return GemmConfig(block_n, 128, warps, stages, swap_ab=swap_ab is not False)
+
+    gemm1, gemm2 = tile(tiles_1), tile(1)
+    order = "swap-AB, the decoded weights as wgmma's register operand" if gemm1.swap_ab else "weights second"
+    return gemm1, gemm2, f"mxfp4: {order}, {rows} weight rows per tile (gate and up rows together)"
 
 
 def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
@@ -228,7 +261,7 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 
 def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
-           swap_ab: Optional[bool] = None, mxfp4_dot_scaled: bool = True,
+           swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED_MXFP4,
            grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
@@ -284,7 +317,12 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
-    # Not for mxfp4, whose prefill is bound by the e2m1 upcast in registers, not by weight reads:
+    repacked = spec.weight_format == "mxfp4" and mxfp4_path == REPACKED_MXFP4
+    if repacked:
+        gemm1, gemm2, why = _mxfp4_repacked_tiles(gemm1, gemm2, tiles_1, block_m, decode, smem, amd, swap_ab)
+        reasons.append(why)
+    # Not for mxfp4, whose prefill is bound by the e2m1 decode in registers, not by weight reads
+    # (measured with dot_scaled):
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
     if not decode and grouped_n and spec.weight_format != "mxfp4":
@@ -303,7 +341,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("w8a8: x quantized once by a launch; h "
                        + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
-    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_dot_scaled)):
+    if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
         # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
         # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
         # 303.5, gpt-oss-120b mxfp4 at 4096 tokens 12027 against 4760.
@@ -316,7 +354,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
                    + (" (AMD: 2)" if amd else ""))
-    if gemv is False or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
+    if gemv is False or repacked or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).

@@ -5,14 +5,17 @@ and applies the activation in registers, so only the [rows, I] activation reache
 reads those rows in sorted order, adds b2, multiplies by the route's top-k weight and writes one
 row per route for the top-k sum. Weights are dequantized in registers from their checkpoint
 format: fp8 block scales and int4 group scales multiply the weight tile of each K step (w8a8
-multiplies the fp32 partial product by both scales instead), mxfp4 e8m0 scales go to the
-exponents of the tile or to Triton's dot_scaled."""
+multiplies the fp32 partial product by both scales instead). mxfp4 is read from the layout
+prepare_weights repacked it into (mxfp4_repacked: exact integer decode, one dot per K step, gate
+and up rows in one tile), or from the checkpoint layout through Triton's dot_scaled or fp32 bit
+patterns with the e8m0 exponent added."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from backends.triton_moe import mxfp4_repacked
 from backends.triton_moe.quant import quantize_rows
 from backends.triton_moe.routing import local_expert
 
@@ -183,6 +186,33 @@ def _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K
 
 
 @triton.jit
+def _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, up_rows, n_ok, k0,
+            K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT: tl.constexpr,
+            A_FP8: tl.constexpr, A_QUANTIZED: tl.constexpr, DOT_F32: tl.constexpr,
+            MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr, GATED: tl.constexpr,
+            BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """One BLOCK_K step of the gate (acc) and up (acc_up) products from a tile of `a` loaded once."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + a_rows[:, None] * K + offs_k[None, :],
+                mask=live[:, None] & (offs_k[None, :] < K), other=0.0)
+    a_scale = tl.zeros([a.shape[0]], dtype=tl.float32)
+    if A_QUANTIZED:
+        a_scale = tl.load(a_scale_ptr + a_rows * scale_cols + k0 // 128, mask=live, other=0.0)
+    elif A_FP8:
+        a, a_scale = quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty)
+    if DOT_F32:
+        a = a.to(tl.float32)
+    acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
+                    stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
+                    MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
+    if GATED:
+        acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
+                           N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
+                           DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
+    return acc, acc_up
+
+
+@triton.jit
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_scale_ptr, sorted_routes_ptr,
     block_expert_ptr, topk_weights_ptr, topk_ids_ptr, expert_map_ptr,
@@ -190,8 +220,9 @@ def moe_gemm_kernel(
     up_offset, swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, A_QUANTIZED: tl.constexpr, OUT_FP8: tl.constexpr,
-    DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
-    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, MXFP4_REPACKED: tl.constexpr,
+    SCALE_HIGH: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -250,31 +281,46 @@ def moe_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    a_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
+    REPACKED: tl.constexpr = FORMAT == 2 and MXFP4_REPACKED
+    if REPACKED:
+        tl.static_assert(BLOCK_K == 128, "the repacked mxfp4 words hold 128-wide K steps")
+    # Repacked mxfp4 keeps gate row n next to up row n (prepare_weights interleaves them): GEMM 1
+    # takes both in one dot over 2 x BLOCK_N rows and splits the columns after the loop.
+    PAIRED: tl.constexpr = REPACKED and GATED
+    if PAIRED:
+        pair_rows = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+        pair_ok = pair_rows < 2 * N
+        if SWAP_AB:
+            acc_pair = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            acc_pair = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + a_rows[:, None] * K + offs_k[None, :],
-                    mask=live[:, None] & (offs_k[None, :] < K), other=0.0)
-        if A_QUANTIZED:
-            a_scale = tl.load(a_scale_ptr + a_rows * scale_cols + k0 // 128, mask=live, other=0.0)
-        elif A_FP8:
-            a, a_scale = quantize_rows(a.to(tl.float32), w_ptr.dtype.element_ty)
-        if DOT_F32:
-            a = a.to(tl.float32)
-        acc = _dot_step(acc, a, a_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K, N_TOTAL,
-                        stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, DOT_F32,
-                        MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
-        if GATED:
-            acc_up = _dot_step(acc_up, a, a_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0, offs_k, K,
-                               N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
-                               DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
-    if SWAP_AB:
-        acc = tl.trans(acc)
-        acc_up = tl.trans(acc_up)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
-        if GATED:
-            acc_up += tl.load(bias_ptr + expert * N_TOTAL + up_rows, mask=n_ok, other=0.0)[None, :]
+        if PAIRED:
+            acc_pair = mxfp4_repacked.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,
+                                               pair_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
+                                               DOT_F32, SWAP_AB)
+        elif REPACKED:
+            acc = mxfp4_repacked.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0,
+                                          K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+        else:
+            acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
+                                  gate_rows, up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols,
+                                  group_size, FORMAT, A_FP8, A_QUANTIZED, DOT_F32, MXFP4_DOT_SCALED, A_FORMAT,
+                                  GATED, BLOCK_K, BLOCK_N, SWAP_AB)
+    if PAIRED:
+        if SWAP_AB:
+            acc_pair = tl.trans(acc_pair)
+        if HAS_BIAS:
+            acc_pair += tl.load(bias_ptr + expert * N_TOTAL + pair_rows, mask=pair_ok, other=0.0)[None, :]
+        acc, acc_up = tl.split(tl.reshape(acc_pair, [BLOCK_M, BLOCK_N, 2]))
+    else:
+        if SWAP_AB:
+            acc = tl.trans(acc)
+            acc_up = tl.trans(acc_up)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + expert * N_TOTAL + gate_rows, mask=n_ok, other=0.0)[None, :]
+            if GATED:
+                acc_up += tl.load(bias_ptr + expert * N_TOTAL + up_rows, mask=n_ok, other=0.0)[None, :]
     out_mask = live[:, None] & n_ok[None, :]
     if FIRST:
         if ACTIVATION == 0:

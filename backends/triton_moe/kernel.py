@@ -1,5 +1,7 @@
 """The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
-de-interleaved for swiglu_oai), picks the launch config per token bucket, and runs a layer as four
+de-interleaved for swiglu_oai) but for mxfp4, which it repacks once for the tensor cores
+(mxfp4_repacked, gate and up rows interleaved), picks the launch config per token bucket, and runs a
+layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
 ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
 experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 (fp8_act=True)
@@ -16,7 +18,7 @@ import attrs
 import torch
 import triton
 
-from backends.triton_moe import configs
+from backends.triton_moe import configs, mxfp4_repacked
 from backends.triton_moe.gemm import moe_gemm_kernel
 from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
@@ -35,8 +37,8 @@ from hal.kernel import MoEKernel
 NAME = "triton_moe"
 LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
 GEMV_LAUNCHES = 2
-MXFP4_PATHS = ("dot_scaled", "bits")
-DEFAULT_MXFP4_PATH = "dot_scaled"
+MXFP4_PATHS = (configs.REPACKED_MXFP4, "dot_scaled", "bits")
+DEFAULT_MXFP4_PATH = configs.REPACKED_MXFP4
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
 ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
@@ -66,6 +68,8 @@ class TritonMoEWeights:
     expert_map: Optional[torch.Tensor]  # int32 [num_experts]
     gate_stride: int  # w13 row of gate column n is n * gate_stride; up is that + up_offset
     up_offset: int
+    mxfp4_repacked: bool = False  # mxfp4 in mxfp4_repacked's layout (else the checkpoint's)
+    scale_high: bool = False  # repacked mxfp4 with an e8m0 above 128: scaled in two multiplies
 
 
 @attrs.frozen
@@ -98,6 +102,13 @@ def align_programs(routes: int) -> tuple:
     return triton.cdiv(routes, chunk), chunk
 
 
+def _interleave_rows(t: Optional[torch.Tensor], half: int) -> Optional[torch.Tensor]:
+    """[E, 2 * half, ...] rows gate 0..half-1 then up -> gate 0, up 0, gate 1, up 1, ..."""
+    if t is None:
+        return None
+    return torch.stack((t[:, :half], t[:, half:]), dim=2).flatten(1, 2).contiguous()
+
+
 def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
     if t is None:
@@ -114,20 +125,23 @@ class TritonMoEKernel(MoEKernel):
                  swap_ab: Optional[bool] = None, grouped_n: bool = True):
         """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
-        there and off on a GPU. mxfp4_path: "dot_scaled" (Triton's microscaled dot) or "bits"
-        (values built from bit patterns and two plain dots; the only one with fp32 dots).
+        there and off on a GPU. mxfp4_path: "repacked" (the default: weights repacked by
+        prepare_weights, decoded exactly with integer operations, plain dots, the GEMMs at every
+        size), or on the checkpoint layout "dot_scaled" (Triton's microscaled dot, and the GEMV at
+        1 token) or "bits" (values built from bit patterns and two plain dots).
         gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
-        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too.
-        swap_ab=True puts dequantized weights first in the dot (the rule does not: measured slower
-        on the H200). grouped_n=False walks each block's N tiles in turn at prefill too (the rule
-        groups blocks)."""
+        by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too (not for
+        repacked mxfp4, which has none). swap_ab=True puts dequantized weights first in the dot
+        (the rule does for repacked mxfp4 past 1 token, not elsewhere: measured slower on the
+        H200), False never. grouped_n=False walks each block's N tiles in turn at prefill too (the
+        rule groups blocks)."""
         super().__init__(spec, target)
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
         if mxfp4_path not in (None, *MXFP4_PATHS):
             raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
                              + ", ".join(MXFP4_PATHS))
-        self.mxfp4_path = mxfp4_path or ("bits" if self.dot_f32 else DEFAULT_MXFP4_PATH)
+        self.mxfp4_path = mxfp4_path or DEFAULT_MXFP4_PATH
         self.gemv = gemv
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
@@ -157,7 +171,7 @@ class TritonMoEKernel(MoEKernel):
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
             chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
-                                    self.mxfp4_path == "dot_scaled", self.grouped_n)
+                                    self.mxfp4_path, self.grouped_n)
             self._configs[bucket] = chosen
         return chosen
 
@@ -193,14 +207,27 @@ class TritonMoEKernel(MoEKernel):
                 gate_stride, up_offset = 2, 1
         bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
         keep = (lambda t: None if t is None else t.contiguous())
-        return TritonMoEWeights(keep(w13), keep(weights.w2), keep(s13), keep(weights.w2_scale), bias(b13),
-                                bias(weights.b2), expert_map, gate_stride, up_offset)
+        w2, s2, scale_high = weights.w2, weights.w2_scale, False
+        repacked = self._mxfp4_repacked()
+        if repacked:
+            if spec.gated and gate_stride == 1:
+                # Gate row n next to up row n: GEMM 1 takes both in one tile.
+                w13, s13, b13 = (_interleave_rows(t, spec.intermediate_size) for t in (w13, s13, b13))
+                gate_stride, up_offset = 2, 1
+            w13, s13, high13 = mxfp4_repacked.repack(w13, s13)
+            w2, s2, high2 = mxfp4_repacked.repack(w2, s2)
+            scale_high = high13 or high2
+        return TritonMoEWeights(keep(w13), keep(w2), keep(s13), keep(s2), bias(b13), bias(weights.b2),
+                                expert_map, gate_stride, up_offset, repacked, scale_high)
+
+    def _mxfp4_repacked(self) -> bool:
+        return self.spec.weight_format == "mxfp4" and self.mxfp4_path == configs.REPACKED_MXFP4
 
     # --- per call ------------------------------------------------------------------------------
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
               topk_weights, ids, id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int,
               gate_stride: int, up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool,
-              per_route: bool):
+              per_route: bool, scale_high: bool):
         """One expert GEMM launch. a_scale: the e4m3 input's scales (None: a is 16-bit, quantized in
         registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype)."""
         spec = self.spec
@@ -218,7 +245,8 @@ class TritonMoEKernel(MoEKernel):
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
             A_FP8=fp8_act and fmt == "fp8_block128", A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
-            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled",
+            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", MXFP4_REPACKED=self._mxfp4_repacked(),
+            SCALE_HIGH=scale_high,
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
@@ -266,6 +294,9 @@ class TritonMoEKernel(MoEKernel):
         """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
         a benchmark may time them one by one, a test read the scratch between them."""
         spec = self.spec
+        if data.mxfp4_repacked != self._mxfp4_repacked():
+            raise ValueError("prepared holds mxfp4 weights in another layout than this kernel's "
+                             f"mxfp4_path={self.mxfp4_path!r}: call this kernel's prepare_weights")
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
         config = self.config(M)
@@ -329,12 +360,13 @@ class TritonMoEKernel(MoEKernel):
         def gemm1():
             self._gemm(True, x_q, x_scale, data.w13, data.s13, data.b13, h, h_scale, sorted_routes,
                        block_expert, weights, ids, id_map, has_map, routes, I, H, spec.w13_rows,
-                       data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, per_route)
+                       data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, per_route,
+                       data.scale_high)
 
         def gemm2():
             self._gemm(False, h, h_scale, data.w2, data.s2, data.b2, y, None, sorted_routes, block_expert,
                        weights, ids, id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2,
-                       config.fp8_act, per_route)
+                       config.fp8_act, per_route, data.scale_high)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](

@@ -152,14 +152,16 @@ def test_decode_tiles_shrink_to_fill_the_sms():
 
 def test_decode_path_rule():
     """Few routes: the GEMV where a per-route GEMM 1 would leave the H200 short of programs (fp8 EP
-    rank, mxfp4 at 1 token), per-route blocks without EP, grouped routes under EP."""
+    rank, mxfp4 at 1 token on its checkpoint layout), per-route blocks without EP (repacked mxfp4
+    at every size), grouped routes under EP."""
     gpu = hal.probe(profile="h200").gpus[0]
     deepseek = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
     assert configs.choose(deepseek, gpu, 1).gemv1 is not None
     at_8 = configs.choose(deepseek, gpu, 8)
     assert at_8.gemv1 is None and not at_8.per_route
     gpt_oss = presets.get("gpt-oss-120b").spec("mxfp4")
-    assert configs.choose(gpt_oss, gpu, 1).gemv1 is not None
+    assert configs.choose(gpt_oss, gpu, 1, mxfp4_path="dot_scaled").gemv1 is not None
+    assert configs.choose(gpt_oss, gpu, 1).gemv1 is None and configs.choose(gpt_oss, gpu, 1).per_route
     assert configs.choose(gpt_oss, gpu, 8).per_route
     for fmt in ("bf16", "fp8_block128"):
         c = configs.choose(spec(fmt), gpu, 1)

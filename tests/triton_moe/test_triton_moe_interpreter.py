@@ -119,7 +119,9 @@ def test_decode_gemv(fmt, activation, H, I, oracle, weights_for):
     """Few routes over many experts: GEMV 1 per route, GEMV 2 with the top-k sum (two launches),
     with bias, EP and dropped routes."""
     spec = small_spec(fmt, activation, bias=True, ep=True, experts=16, H=H, I=I)
-    kernel = TritonMoEKernel(spec, CPU, gemv=True)  # bf16 takes it on request only
+    # bf16 takes it on request only; mxfp4 on the checkpoint layout (repacked mxfp4 runs the GEMMs).
+    path = {"mxfp4": "bits"}.get(fmt)
+    kernel = TritonMoEKernel(spec, CPU, gemv=True, mxfp4_path=path)
     assert kernel.plan(2).launches == 2
     run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
 
@@ -228,6 +230,34 @@ def test_w8a8_quantized_activations(I, weights_for, e4m3_groups):
     g = g + w.b13.double()[experts]
     h_ref = activation.apply(spec, g)
     check_e4m3_groups(scratch["h"][live], scratch["h_scale"][live], h_ref)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", "silu", "relu2"])
+def test_mxfp4_repacked_prefill(activation, oracle, weights_for):
+    """Repacked mxfp4 (the default) at prefill tiles: swap-AB, gate and up rows in one tile (silu's
+    checkpoint rows interleaved by prepare_weights), with bias and dropped routes."""
+    spec = small_spec("mxfp4", activation, bias=True, experts=4, top_k=2, H=224, I=96)
+    assert TritonMoEKernel(spec, CPU).plan(130).config.gemm1.swap_ab
+    run_layer(spec, 130, oracle, weights_for)
+
+
+@pytest.mark.parametrize("M", [5, 130])
+def test_mxfp4_repacked_large_scales(M, oracle, weights_for):
+    """A few of w13's e8m0 exponents at 129 (scale 4), the rest 6 below the usual range (float16
+    activations bound the products): above 128 the repacked path scales in two multiplies
+    (2^(e - 1) alone would overflow fp32), for both GEMMs of the layer."""
+    spec = small_spec("mxfp4", "silu", bias=True, experts=4, top_k=2, H=224, I=96)
+
+    def weights(spec, seed, device):
+        w = weights_for(spec, seed, device)
+        g = torch.Generator().manual_seed(seed)
+        s = w.w13_scale - 6
+        s = torch.where(torch.rand(s.shape, generator=g) < 0.02, torch.full_like(s, 129), s)
+        return attrs.evolve(w, w13_scale=s)
+
+    kernel = TritonMoEKernel(spec, CPU)
+    assert kernel.prepare_weights(weights(spec, 0, "cpu")).data.scale_high
+    run_layer(spec, M, oracle, weights, kernel=kernel)
 
 
 @pytest.mark.parametrize("swap_ab", [False, True])

@@ -170,12 +170,31 @@ def test_fp8_w8a8_graph_capture(M, oracle_w8a8, weights_for):
     assert rel_err(out.cpu(), ref) <= ACCURACY
 
 
-@pytest.mark.parametrize("path", ["dot_scaled", "bits"])
+@pytest.mark.parametrize("path", ["repacked", "dot_scaled", "bits"])
 @pytest.mark.parametrize("M", [5, 300])
 def test_mxfp4_paths(path, M, oracle, weights_for):
     spec = make_spec("mxfp4", "swiglu_oai", bias=True, ep=True)
     run_case(spec, M, oracle, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), mxfp4_path=path),
              drop=0.1)
+
+
+@pytest.mark.parametrize("M", [5, 300])
+def test_mxfp4_large_scales(M, oracle, weights_for):
+    """A few of w13's e8m0 exponents at 129 and 130 (scales 4 and 8), the rest 6 below the usual
+    range: above 128 the repacked path scales in two multiplies, in both GEMMs of the layer."""
+    spec = make_spec("mxfp4", "silu", bias=True)
+
+    def weights(spec, seed, device):
+        w = weights_for(spec, seed, device)
+        g = torch.Generator().manual_seed(seed)
+        s = w.w13_scale.cpu() - 6
+        s = torch.where(torch.rand(s.shape, generator=g) < 0.02, torch.randint(129, 131, s.shape, generator=g)
+                        .to(torch.uint8), s)
+        return attrs.evolve(w, w13_scale=s.to(device))
+
+    kernel = TritonMoEKernel(spec, cuda_target())
+    assert kernel.prepare_weights(weights(spec, 0, DEVICE)).data.scale_high
+    run_case(spec, M, oracle, weights, kernel=kernel)
 
 
 def test_many_routes_grouped_in_two_launches(oracle, weights_for):
@@ -252,7 +271,7 @@ def test_selected_for_bf16_fp8_mxfp4_on_cuda():
 @pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("M", [5, 300])
 def test_swap_ab(fmt, swap_ab, M, oracle, weights_for):
-    """fp8 w8a16 and mxfp4 (dot_scaled) in both operand orders, at decode and prefill tiles."""
+    """fp8 w8a16 and mxfp4 (repacked) in both operand orders, at decode and prefill tiles."""
     spec = make_spec(fmt, "swiglu_oai", bias=True, ep=True)
     kernel = TritonMoEKernel(spec, cuda_target(), swap_ab=swap_ab)
     run_case(spec, M, oracle, weights_for, kernel=kernel, drop=0.1)
@@ -272,7 +291,9 @@ def test_per_route_blocks(fmt, oracle, weights_for):
 def test_decode_gemv(fmt, activation, oracle, weights_for):
     """Few routes over many experts: the two-launch GEMV path, with bias, EP and dropped routes."""
     spec = make_spec(fmt, activation, bias=True, ep=True, experts=32)
-    kernel = TritonMoEKernel(spec, cuda_target(), gemv=True)  # bf16 takes it on request only
+    # bf16 takes it on request only; mxfp4 on the checkpoint layout (repacked mxfp4 runs the GEMMs).
+    path = {"mxfp4": "dot_scaled"}.get(fmt)
+    kernel = TritonMoEKernel(spec, cuda_target(), gemv=True, mxfp4_path=path)
     assert kernel.plan(3).config.gemv1 is not None
     run_case(spec, 3, oracle, weights_for, kernel=kernel, drop=0.2)
 

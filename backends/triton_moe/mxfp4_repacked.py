@@ -1,0 +1,153 @@
+"""mxfp4 weights repacked once for the tensor cores, and their exact decode in registers.
+
+The checkpoint stores e2m1 nibbles two per byte along K (even k low) with one e8m0 exponent per 32
+values of K. `repack` (in prepare_weights) rewrites each 128-wide K step of a weight row as 16
+int32 words: nibble j (bits 4j..4j+3) of word r holds k = 32 j + 2 r and nibble j + 4 the next k,
+so the 16 words give scale group j (its 32 values) as 16 pairs of adjacent k, the way a tensor
+core takes two 16-bit values from one 32-bit register. Scales are stored [groups, N], so a tile's
+are one contiguous load; K is padded to whole steps with zero nibbles.
+
+The decode is exact and branch-free. An e2m1 nibble s|e1 e0|m moved to bf16's sign bit and to bits
+6..8 (the low two exponent bits and the top mantissa bit) is the bf16 of its value times 2^-126,
+the normal values (e > 0) and the subnormal 0.5 (e = 0, m = 1: bf16's subnormal 2^-127) alike.
+Nibbles j and j + 4 sit 16 bits apart, so four integer operations build both patterns in one
+int32; a shift or a mask makes each half the fp32 of the same value, one fp32 multiply by
+2^(e8m0 - 1) restores the 2^126 and applies the scale (exact: two significant bits), and one
+conversion packs the adjacent pair to bf16. Exponents above 128 (2^(e - 1) past fp32's range)
+take a second multiply, compiled in only for weights that hold one (SCALE_HIGH). The four groups
+of a step are joined along K into one [rows, 128] tile: one dot per K step."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+STEP_K = 128  # K values per step: 16 words of a row
+WORDS_PER_STEP = 16
+NIBBLES = 8  # per word
+GROUP = 32  # K values per e8m0 scale
+GROUPS_PER_STEP = STEP_K // GROUP
+# Above this e8m0, 2^(e8m0 - 1) overflows fp32: a weight holding one is scaled in two multiplies.
+ONE_MULTIPLY_MAX_E8M0 = tl.constexpr(128)
+REPACK_EXPERTS = 8  # experts repacked at a time: bounds the int64 temporaries
+
+
+def steps(k: int) -> int:
+    return triton.cdiv(k, STEP_K)
+
+
+def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
+    """Checkpoint mxfp4 ([E, N, K/2] uint8, even k in the low nibble; e8m0 [E, N, K/32]) to
+    (words [E, N, steps * 16] int32, scales [E, steps * 4, N] uint8, scale_high: some e8m0 above
+    ONE_MULTIPLY_MAX_E8M0). Past K: zero nibbles, zero scales."""
+    E, N, half = packed.shape
+    K = 2 * half
+    S = steps(K)
+    words = torch.empty(E, N, S * WORDS_PER_STEP, dtype=torch.int32, device=packed.device)
+    shifts = (4 * torch.arange(NIBBLES, device=packed.device, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
+    for e0 in range(0, E, REPACK_EXPERTS):
+        p = packed[e0:e0 + REPACK_EXPERTS].to(torch.int64)
+        e = p.shape[0]
+        nibbles = torch.stack((p & 0xF, p >> 4), dim=-1).reshape(e, N, K)
+        nibbles = torch.nn.functional.pad(nibbles, (0, S * STEP_K - K))
+        # k = 32 j + 2 r + b within a step -> word r, nibble j + 4 b
+        nibbles = nibbles.view(e, N, S, GROUPS_PER_STEP, WORDS_PER_STEP, 2).permute(0, 1, 2, 5, 3, 4)
+        word = (nibbles.reshape(e, N, S, NIBBLES, WORDS_PER_STEP) << shifts).sum(dim=3)  # < 2^32
+        word = torch.where(word >= 2**31, word - 2**32, word)
+        words[e0:e0 + REPACK_EXPERTS] = word.reshape(e, N, S * WORDS_PER_STEP).to(torch.int32)
+    scales = torch.nn.functional.pad(e8m0, (0, S * GROUPS_PER_STEP - e8m0.shape[2]))
+    return words, scales.transpose(1, 2).contiguous(), bool((e8m0 > ONE_MULTIPLY_MAX_E8M0.value).any())
+
+
+@triton.jit
+def group_tile(words, j: tl.constexpr, e8m0, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
+               SWAP_AB: tl.constexpr):
+    """Scale group j of a step from its 16 words ([rows, 16] with SWAP_AB, else [16, rows]) and the
+    rows' e8m0 (int32): [rows, 32] with SWAP_AB, else [32, rows], in bf16 (fp32 with DOT_F32)."""
+    if j < 2:
+        magnitude = words << (6 - 4 * j)
+    else:
+        magnitude = words >> (4 * j - 6)
+    sign = words << (12 - 4 * j)
+    pair = (magnitude & 0x01C001C0) | (sign & -0x7FFF8000)  # -0x7FFF8000: 0x80008000 as int32
+    if SWAP_AB:
+        e8m0 = e8m0[:, None]
+    else:
+        e8m0 = e8m0[None, :]
+    low = ((tl.minimum(e8m0, ONE_MULTIPLY_MAX_E8M0) + 126) << 23).to(tl.float32, bitcast=True)
+    even = (pair << 16).to(tl.float32, bitcast=True) * low
+    odd = (pair & -65536).to(tl.float32, bitcast=True) * low
+    if SCALE_HIGH:
+        high = ((tl.maximum(e8m0 - ONE_MULTIPLY_MAX_E8M0, 0) + 127) << 23).to(tl.float32, bitcast=True)
+        even = even * high
+        odd = odd * high
+    if not DOT_F32:
+        even = even.to(tl.bfloat16)
+        odd = odd.to(tl.bfloat16)
+    both = tl.join(even, odd)
+    if SWAP_AB:
+        tile = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
+    else:
+        tile = tl.reshape(tl.permute(both, (0, 2, 1)), (2 * both.shape[0], both.shape[1]))
+    return tile
+
+
+@triton.jit
+def _cat_k(a, b, SWAP_AB: tl.constexpr):
+    """a then b along K (the last axis with SWAP_AB, else the first)."""
+    both = tl.join(a, b)
+    if SWAP_AB:
+        cat = tl.reshape(tl.permute(both, (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+    else:
+        cat = tl.reshape(tl.permute(both, (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+    return cat
+
+
+@triton.jit
+def step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
+              SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+    """The weight rows' 128-wide K step at k0, decoded and scaled: [rows, 128] with SWAP_AB (the
+    dot's first operand), else [128, rows]."""
+    step = k0 // 128
+    r = tl.arange(0, 16)
+    row_words = expert * stride_we + rows.to(tl.int64) * (tl.cdiv(K, 128) * 16) + step * 16
+    if SWAP_AB:
+        words = tl.load(w_ptr + row_words[:, None] + r[None, :], mask=row_ok[:, None], other=0)
+    else:
+        words = tl.load(w_ptr + row_words[None, :] + r[:, None], mask=row_ok[None, :], other=0)
+    scales = s_ptr + expert * stride_se + (step * 4) * N_TOTAL + rows
+    t0 = group_tile(words, 0, tl.load(scales, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH, DOT_F32,
+                    SWAP_AB)
+    t1 = group_tile(words, 1, tl.load(scales + N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
+                    DOT_F32, SWAP_AB)
+    t2 = group_tile(words, 2, tl.load(scales + 2 * N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
+                    DOT_F32, SWAP_AB)
+    t3 = group_tile(words, 3, tl.load(scales + 3 * N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
+                    DOT_F32, SWAP_AB)
+    return _cat_k(_cat_k(t0, t1, SWAP_AB), _cat_k(t2, t3, SWAP_AB), SWAP_AB)
+
+
+@triton.jit
+def dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we,
+             stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc += x[a_rows, k0:k0+128] @ W[rows, k0:k0+128].T (acc [BM, rows]), or W @ x.T into
+    acc [rows, BM] with SWAP_AB, the decoded weights as the dot's register operand."""
+    w = step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
+                  DOT_F32, SWAP_AB)
+    k = k0 + tl.arange(0, 128)
+    if SWAP_AB:
+        a = tl.load(a_ptr + a_rows[None, :] * K + k[:, None], mask=live[None, :] & (k[:, None] < K),
+                    other=0.0)
+    else:
+        a = tl.load(a_ptr + a_rows[:, None] * K + k[None, :], mask=live[:, None] & (k[None, :] < K),
+                    other=0.0)
+    if DOT_F32:
+        a = a.to(tl.float32)
+    else:
+        w = w.to(a.dtype)
+    if SWAP_AB:
+        acc = tl.dot(w, a, acc)
+    else:
+        acc = tl.dot(a, w, acc)
+    return acc
