@@ -73,6 +73,7 @@ MAX_SPLIT_K = 2
 MIN_GROUPS_PER_SPLIT = 4
 # path -> what runs
 PATHS = {
+    "planes": "transposed fp16 MMA (weights on M, rows on N) by nibble planes, unpacked in registers",
     "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
     "transposed_fp8": "transposed FP8 MMA (weights on M, rows on N), int4 unpacked to FP8",
     "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",

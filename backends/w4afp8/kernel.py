@@ -42,6 +42,8 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         which has neither (the operands carry the same FP8 and int4 values either way)."""
         if self.device.type == "cpu":
             return torch.float32
+        if tile.path == "planes":
+            return torch.float16
         return torch.bfloat16 if tile.path == "decode" else self.fp8_dtype
 
     @property

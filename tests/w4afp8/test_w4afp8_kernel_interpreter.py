@@ -123,7 +123,7 @@ def _int4_weights(spec, seed):
 
 
 # (path, K splits): the FP8 GEMM, the transposed GEMM whole and split over 2 and 4 programs
-PATHS = [("fp8", 1), ("decode", 1), ("decode", 2), ("decode", 4)]
+PATHS = [("fp8", 1), ("decode", 1), ("decode", 2), ("decode", 4), ("planes", 1), ("planes", 3), ("planes", 4)]
 
 
 @pytest.mark.parametrize("path,split_k", PATHS)
