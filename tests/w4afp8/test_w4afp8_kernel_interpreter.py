@@ -90,14 +90,14 @@ def test_other_activations(activation):
 
 
 def test_rows_beyond_the_m_grid_are_walked_by_the_same_programs():
-    """expected_rows=1 sizes one 16-row m-program per expert; 40 rows need three m-blocks, and an
+    """expected_rows=1 sizes one 8-row m-program per expert; 40 rows need five m-blocks, and an
     odd max_m leaves a partial last block."""
     spec = spec_of(experts=2)
     weights = random_weights(spec, seed=8)
     x, scale, masked_m = random_masked_inputs(2, H, 41, [40, 17], seed=9)
     kernel = build(spec)
     plan = kernel.plan(masked_m, expected_rows=1, max_m=41)
-    assert plan.m_programs == 1 and plan.tile.block_m == 16
+    assert plan.m_programs == 1 and plan.tile.block_m == 8
     out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
     kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=1, out=out)
     check_live_rows(out, oracle(spec, x, scale, masked_m, weights), masked_m)
