@@ -23,9 +23,11 @@ GROUP_K = 128
 # the "planes" path (triton_planes.py): two warps of fp16 mma.sync that unpack the int4 in
 # registers. Up to 64 rows the bf16 wgmma path ("decode", triton_decode.py) with Marlin's lop3
 # unpack; beyond, the FP8 MMA's rate pays for its slower unpack. Measured on an H200
-# (docs/backends/w4afp8.md).
+# (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2: 16 x 64 decode 88.4 + 46.7 us,
+# planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x 32 on one warp 39.1 + 22.5 us;
+# 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 + 29.5 us.
 TILE_RULE = (
-    (8, ("planes", 8, 64, 2, 4)),
+    (8, ("planes", 8, 32, 1, 4)),
     (16, ("planes", 16, 64, 2, 4)),
     (32, ("decode", 32, 64, 4, 4)),
     (64, ("decode", 64, 64, 4, 4)),
@@ -68,10 +70,12 @@ MAX_SPLIT_K = 2
 MIN_GROUPS_PER_SPLIT = 4
 # Split K of the planes path: every split stores its fp32 partial tile in its own workspace slot and
 # the last to arrive sums them in split order, so any number of splits writes the same bytes. The
-# grid is split until it fills the programs that fit on the GPU at once (PLANES_PROGRAMS_PER_SM
-# two-warp programs of about 170 registers per SM), each split keeping at least
-# MIN_GROUPS_PER_SPLIT groups of 128.
-PLANES_PROGRAMS_PER_SM = 6
+# grid is split until it fills the warps that fit on an SM at once (PLANES_WARPS_PER_SM: programs of
+# 150-170 registers per thread), each split keeping at least MIN_GROUPS_PER_SPLIT groups of 128. On
+# an H200, 8 experts x 8 rows: GEMM 1 at 8 x 32 on one warp split in 3 (one wave) took 39.1 us,
+# 8 x 64 on two warps 41.7 / 47.6 / 42.2 / 49.8 us at 1 / 3 / 4 / 8 splits; GEMM 2 (16 groups,
+# already 896 programs) 21.6 / 27.1 / 29.9 / 34.9 us at 1 / 2 / 4 / 8.
+PLANES_WARPS_PER_SM = 12
 MAX_PLANES_SPLIT_K = 8
 # path -> what runs
 PATHS = {
@@ -146,12 +150,13 @@ def m_grid(max_m: int, expected_rows: Optional[int], block_m: int) -> int:
     return max(1, -(-rows_hint(max_m, expected_rows) // block_m))
 
 
-def planes_split_k(programs: int, k_groups: int, sm_count: Optional[int]) -> int:
-    """K splits for a planes GEMM of `programs` programs (experts x n-blocks x live m-blocks) over
-    `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is unknown."""
+def planes_split_k(programs: int, num_warps: int, k_groups: int, sm_count: Optional[int]) -> int:
+    """K splits for a planes GEMM of `programs` programs of `num_warps` warps (experts x n-blocks x
+    live m-blocks) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is
+    unknown."""
     if not sm_count:
         return 1
-    fill = PLANES_PROGRAMS_PER_SM * sm_count // max(programs, 1)
+    fill = PLANES_WARPS_PER_SM // num_warps * sm_count // max(programs, 1)
     return max(1, min(MAX_PLANES_SPLIT_K, fill, k_groups // MIN_GROUPS_PER_SPLIT))
 
 

@@ -107,8 +107,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         E, H, inter = self.spec.local_experts, self.spec.hidden_size, self.spec.intermediate_size
         if tile.path == "planes":
             programs = lambda n: E * min(m_programs, live_blocks) * -(-n // tile.block_n)
-            return (configs.planes_split_k(programs(inter), H // configs.GROUP_K, sms),
-                    configs.planes_split_k(programs(H), inter // configs.GROUP_K, sms))
+            warps = tile.num_warps
+            return (configs.planes_split_k(programs(inter), warps, H // configs.GROUP_K, sms),
+                    configs.planes_split_k(programs(H), warps, inter // configs.GROUP_K, sms))
         programs = lambda n: E * m_programs * -(-n // tile.block_n)
         return (configs.split_k(programs(inter), H // configs.GROUP_K, sms),
                 configs.split_k(programs(H), inter // configs.GROUP_K, sms))
