@@ -11,10 +11,11 @@ FP8 bytes k = 8 w .. 8 w + 7, and byte j of the [16, BLOCK_M] words is the plane
 A group is eight K-16 MMAs (one per plane) into a zeroed fp32 partial; the partial is scaled by the
 group's bf16 weight scale and added to the accumulator, the rounding points of the FP8 GEMMs.
 
-On NVIDIA a plane is unpacked with Marlin's trick: lop3 places a nibble into the mantissa of bf16
-128 + q and one bf16x2 fma subtracts 136 (exact), all eight planes of a word pair in 24
-instructions. Elsewhere (AMD, Triton's CPU interpreter) it shifts and masks. Both conversions are
-exact (q - 8 and e4m3 have 4 significant bits), so the bf16 MMA computes what an FP8 MMA would.
+The MMA is fp16: q - 8 and every e4m3 value are exact in fp16 and their products exact in fp32, so
+it computes what an FP8 MMA would. With one or two warps per program Triton lowers the dot to
+mma.sync (a warpgroup MMA needs four), whose result is in registers when its last MMA issues: no
+wait between groups. On NVIDIA the unpacks are inline PTX (below); elsewhere (AMD, Triton's CPU
+interpreter) shifts, masks and conversions.
 
 Only tl APIs present in both Triton 3.6 and 3.9 are used."""
 
