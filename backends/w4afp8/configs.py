@@ -70,12 +70,13 @@ MAX_SPLIT_K = 2
 MIN_GROUPS_PER_SPLIT = 4
 # Split K of the planes path: every split stores its fp32 partial tile in its own workspace slot and
 # the last to arrive sums them in split order, so any number of splits writes the same bytes. The
-# grid is split until it fills the warps that fit on an SM at once (PLANES_WARPS_PER_SM: programs of
-# 150-170 registers per thread), each split keeping at least MIN_GROUPS_PER_SPLIT groups of 128. On
-# an H200, 8 experts x 8 rows: GEMM 1 at 8 x 32 on one warp split in 3 (one wave) took 39.1 us,
-# 8 x 64 on two warps 41.7 / 47.6 / 42.2 / 49.8 us at 1 / 3 / 4 / 8 splits; GEMM 2 (16 groups,
-# already 896 programs) 21.6 / 27.1 / 29.9 / 34.9 us at 1 / 2 / 4 / 8.
-PLANES_WARPS_PER_SM = 12
+# grid is split until it fills PLANES_WARPS_PER_SM warps on every SM (12 programs of 150-170
+# registers fit; two thirds of that measured best), each split keeping at least
+# MIN_GROUPS_PER_SPLIT groups of 128. On an H200, 8 experts x 8 rows, GEMM 1 (56 groups) at 8 x 32
+# on one warp: 44.9 / 37.1 / 38.8 / 41.3 us at 1 / 2 / 3 / 4 splits; GEMM 2 (16 groups, already
+# 1792 programs) 22.6 us unsplit, 28.3 us in two. 8 x 64 on two warps: GEMM 1 41.7 / 47.6 / 42.2 /
+# 49.8 us at 1 / 3 / 4 / 8 splits, GEMM 2 21.6 / 27.1 / 29.9 / 34.9 us at 1 / 2 / 4 / 8.
+PLANES_WARPS_PER_SM = 8
 MAX_PLANES_SPLIT_K = 8
 # path -> what runs
 PATHS = {
@@ -144,9 +145,14 @@ def tile_rows(max_m: int, expected_rows: Optional[int], rule: str) -> int:
     return max(1, min(max_m, expected_rows))
 
 
-def m_grid(max_m: int, expected_rows: Optional[int], block_m: int) -> int:
+def m_grid(max_m: int, expected_rows: Optional[int], block_m: int, path: str = "fp8") -> int:
     """Programs per expert along rows. Program p takes the m-blocks p, p + m_grid, ... that lie
-    below masked_m[e]; one whose first block is already past masked_m exits at once."""
+    below masked_m[e]; one whose first block is already past masked_m exits at once. The planes
+    path sizes the grid for the estimate itself (tile_rows), without the slack: its programs are
+    one or two warps, K-split, so the slack's programs that exit at once were thousands (8
+    experts x 8 rows on an H200: 75.3 us with the slack, 61.2 us for the two GEMMs without)."""
+    if path == "planes":
+        return max(1, -(-tile_rows(max_m, expected_rows, "transposed") // block_m))
     return max(1, -(-rows_hint(max_m, expected_rows) // block_m))
 
 

@@ -73,7 +73,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         gpu = self.target.gpu
         tile = configs.gemm_tile(configs.tile_rows(max_m, expected_rows, self.rule), gpu and gpu.vendor,
                                  bool(gpu and gpu.features.wgmma), self.rule)
-        return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
+        return tile, configs.m_grid(max_m, expected_rows, tile.block_m, tile.path)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
         if x.dtype != self.fp8_dtype:

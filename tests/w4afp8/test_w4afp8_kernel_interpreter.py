@@ -140,7 +140,8 @@ def test_gemm2_unpacks_nibbles_and_scales_each_group(fp8, path, split_k):
     weights, data = _int4_weights(spec, seed=12)
     counts = [21, 0, 2, 5]
     limit = torch.finfo(fp8).max
-    h = (torch.randn(E, 21, spec.intermediate_size) * 60).clamp(-limit, limit).to(fp8)
+    g = torch.Generator().manual_seed(17)  # the same inputs whichever tests ran before
+    h = (torch.randn(E, 21, spec.intermediate_size, generator=g) * 60).clamp(-limit, limit).to(fp8)
     masked_m = torch.tensor(counts, dtype=torch.int32)
     out = poison(torch.empty(E, 21, H, dtype=torch.bfloat16))
     tile = configs.GemmTile(16, 64, 4, 2, path)
