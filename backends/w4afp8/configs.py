@@ -158,7 +158,7 @@ def m_grid(max_m: int, expected_rows: Optional[int], block_m: int, path: str = "
 
 def planes_split_k(programs: int, num_warps: int, k_groups: int, sm_count: Optional[int]) -> int:
     """K splits for a planes GEMM of `programs` programs of `num_warps` warps (experts x n-blocks x
-    live m-blocks) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is
+    m-programs) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is
     unknown."""
     if not sm_count:
         return 1

@@ -88,25 +88,19 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
             x_scale = None
         h = torch.empty((E, max_m, self.spec.intermediate_size), dtype=x.dtype, device=x.device)
         dot, magic = self.mma_dtype(tile), self.magic_unpack
-        split1, split2 = self._splits(tile, m_programs, self._live_blocks(max_m, expected_rows, tile))
+        split1, split2 = self._splits(tile, m_programs)
         layer.gemm1(self.spec, x, x_scale, masked_m, data, h, tile, m_programs, dot, magic, split1)
         layer.gemm2(self.spec, h, masked_m, data, out, tile, m_programs, dot, magic, split2)
 
-    def _live_blocks(self, max_m: int, expected_rows: Optional[int], tile: configs.GemmTile) -> int:
-        """m-blocks per expert expected to hold rows: the estimate itself, without the m-grid's slack."""
-        return max(1, -(-configs.tile_rows(max_m, expected_rows, self.rule) // tile.block_m))
-
-    def _splits(self, tile: configs.GemmTile, m_programs: int, live_blocks: int) -> tuple:
-        """K splits of (GEMM 1, GEMM 2): transposed tiles only, from the grid and the SM count. The
-        planes path counts the m-blocks expected to hold rows (live_blocks per expert), since an
-        m-program past masked_m exits at once."""
+    def _splits(self, tile: configs.GemmTile, m_programs: int) -> tuple:
+        """K splits of (GEMM 1, GEMM 2): transposed tiles only, from the grid and the SM count."""
         if not tile.transposed:
             return 1, 1
         gpu = self.target.gpu
         sms = gpu.sm_count if gpu is not None else None
         E, H, inter = self.spec.local_experts, self.spec.hidden_size, self.spec.intermediate_size
         if tile.path == "planes":
-            programs = lambda n: E * min(m_programs, live_blocks) * -(-n // tile.block_n)
+            programs = lambda n: E * m_programs * -(-n // tile.block_n)
             warps = tile.num_warps
             return (configs.planes_split_k(programs(inter), warps, H // configs.GROUP_K, sms),
                     configs.planes_split_k(programs(H), warps, inter // configs.GROUP_K, sms))
@@ -127,5 +121,5 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         return W4AFp8Plan(
             self.variant, self.rule, tile, m_programs, blocks(self.spec.intermediate_size),
             blocks(self.spec.hidden_size), self.spec.local_experts, max_m, expected_rows,
-            str(self.mma_dtype(tile)).replace("torch.", ""), self._splits(tile, m_programs, self._live_blocks(max_m, expected_rows, tile)), live, rows,
+            str(self.mma_dtype(tile)).replace("torch.", ""), self._splits(tile, m_programs), live, rows,
             self.requant.plan(max_m, expected_rows) if self.requant is not None else None)
