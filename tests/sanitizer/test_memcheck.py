@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # column-major scales; Marlin EP + bias, split K, skewed routing; triton_moe's w8a8 quantization
 # launch and GEMM 1's e4m3 epilogue; w4afp8's planes GEMMs with K split, a hot expert walking
 # several m-blocks, both feeds, and a masked_m above max_m) at sizes memcheck gets through in
-# minutes. The
-# Marlin file's own memcheck case is left out: it runs compute-sanitizer itself.
+# minutes. The Marlin file's own memcheck case is left out: it runs compute-sanitizer itself.
 SELECTED = (
     ("tests/requant/test_kernel_cuda.py", "1152 or many_experts or hints"),
     ("tests/marlin/test_marlin_cuda.py", "skewed_routings or baselines_are_correct or expert_map"),
