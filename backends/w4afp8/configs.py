@@ -17,30 +17,27 @@ import attrs
 GROUP_K = 128
 
 # The tile rule ("transposed", the default): rows per expert (upper bound, inclusive) -> (path,
-# BLOCK_M, BLOCK_N, num_warps, num_stages). Both paths put the weight tile on the MMA's M side and
+# BLOCK_M, BLOCK_N, num_warps, num_stages). Every path puts the weight tile on the MMA's M side and
 # the rows on its N side, so BLOCK_M covers an expert's rows in one m-block (each further m-block
-# streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 64 rows the
-# int4 unpack dominates: the bf16 MMA path ("decode") unpacks with Marlin's lop3 trick, 1.6x faster
-# than shifts and masks on an H200 at 8 experts x 8 rows. Beyond, the FP8 MMA's rate pays for its
-# slower unpack. Measured on an H200 (docs/backends/w4afp8.md): 8 experts x 8 rows 143 us at
-# 16 x 64 against 165-185 us at 16 x 128 or 8 warps; 64 rows 210 us at 64 x 64 against 304 us at
-# 32 x 64; 512 rows 953 us at 256 x 64 (8 warps) against 1092 us at 128 x 64.
+# streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 16 rows
+# the "planes" path (triton_planes.py): two warps of fp16 mma.sync that unpack the int4 in
+# registers. Up to 64 rows the bf16 wgmma path ("decode", triton_decode.py) with Marlin's lop3
+# unpack; beyond, the FP8 MMA's rate pays for its slower unpack. Measured on an H200
+# (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2: 16 x 64 decode 88.4 + 46.7 us,
+# planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x 32 on one warp 39.1 + 22.5 us;
+# 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 + 29.5 us.
 TILE_RULE = (
-    (16, ("decode", 16, 64, 4, 4)),
+    (8, ("planes", 8, 32, 1, 4)),
+    (16, ("planes", 16, 64, 2, 4)),
     (32, ("decode", 32, 64, 4, 4)),
     (64, ("decode", 64, 64, 4, 4)),
     (128, ("transposed_fp8", 128, 64, 4, 3)),
     (None, ("transposed_fp8", 256, 64, 8, 3)),
 )
-# registers per thread of the 16 x 64 decode tile on NVIDIA: GEMM 1 compiles to 140 (sm_90,
-# Triton 3.9) and so fits 3 programs per SM; held to 128 (no spills) it fits 4, the
-# RESIDENT_PROGRAMS_PER_SM the K split is sized for (8 experts x 8 rows on an H200: 138 us held,
-# 154 us not).
-DECODE_MAX_REGISTERS = 128
-# A 16-row decode grid that already fills the GPU at BLOCK_N 64 (RESIDENT_PROGRAMS_PER_SM programs
-# per SM for GEMM 1) takes this tile instead: half the programs, each loading the activation tile
-# once for twice the columns (32 experts x 8 rows on an H200: 470 us against 503 us).
-WIDE_DECODE_TILE = ("decode", 16, 128, 4, 3)
+
+# rows: the smallest N of an AMD matrix core instruction (MFMA 16x16); Triton lowers a dot with
+# fewer rows on the N side to FMAs on gfx942, so the AMD tiles never go below it.
+MFMA_MIN_N = 16
 
 # The previous rule ("rows_on_m", kept as the baseline): the rows on the FP8 MMA's M side.
 # rows per expert (upper bound, inclusive) -> (BLOCK_M, BLOCK_N, num_warps); BLOCK_M never below
@@ -71,8 +68,19 @@ RULES = ("transposed", "rows_on_m")
 RESIDENT_PROGRAMS_PER_SM = 4
 MAX_SPLIT_K = 2
 MIN_GROUPS_PER_SPLIT = 4
+# Split K of the planes path: every split stores its fp32 partial tile in its own workspace slot and
+# the last to arrive sums them in split order, so any number of splits writes the same bytes. The
+# grid is split until it fills PLANES_WARPS_PER_SM warps on every SM (12 programs of 150-170
+# registers fit; two thirds of that measured best), each split keeping at least
+# MIN_GROUPS_PER_SPLIT groups of 128. On an H200, 8 experts x 8 rows, GEMM 1 (56 groups) at 8 x 32
+# on one warp: 44.9 / 37.1 / 38.8 / 41.3 us at 1 / 2 / 3 / 4 splits; GEMM 2 (16 groups, already
+# 1792 programs) 22.6 us unsplit, 28.3 us in two. 8 x 64 on two warps: GEMM 1 41.7 / 47.6 / 42.2 /
+# 49.8 us at 1 / 3 / 4 / 8 splits, GEMM 2 21.6 / 27.1 / 29.9 / 34.9 us at 1 / 2 / 4 / 8.
+PLANES_WARPS_PER_SM = 8
+MAX_PLANES_SPLIT_K = 8
 # path -> what runs
 PATHS = {
+    "planes": "transposed fp16 MMA (weights on M, rows on N) by nibble planes, unpacked in registers",
     "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
     "transposed_fp8": "transposed FP8 MMA (weights on M, rows on N), int4 unpacked to FP8",
     "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",
@@ -100,22 +108,16 @@ class GemmTile:
 
 
 def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False,
-              rule: str = "transposed", gemm1_programs_at_64: int = 0,
-              sm_count: Optional[int] = None) -> GemmTile:
+              rule: str = "transposed") -> GemmTile:
     """The tile for experts expected to hold `rows_per_expert` rows on a GPU of `vendor` (None for
-    the interpreter), with warpgroup MMA or not, under `rule` (one of RULES). gemm1_programs_at_64
-    is GEMM 1's grid at BLOCK_N 64 (experts x n-blocks), which widens a decode tile that fills the
-    GPU already."""
+    the interpreter), with warpgroup MMA or not, under `rule` (one of RULES)."""
     cap = STAGES["amd"] if vendor == "amd" else None
     if rule == "transposed":
         for bound, (path, block_m, block_n, warps, stages) in TILE_RULE:
             if bound is None or rows_per_expert <= bound:
-                if (block_m == WIDE_DECODE_TILE[1] and sm_count
-                        and gemm1_programs_at_64 >= RESIDENT_PROGRAMS_PER_SM * sm_count):
-                    path, block_m, block_n, warps, stages = WIDE_DECODE_TILE
-                registers = (DECODE_MAX_REGISTERS if vendor == "nvidia" and (path, block_m, block_n)
-                             == ("decode", 16, 64) else None)
-                return GemmTile(block_m, block_n, warps, min(stages, cap or stages), path, registers)
+                if vendor == "amd":
+                    block_m = max(block_m, MFMA_MIN_N)
+                return GemmTile(block_m, block_n, warps, min(stages, cap or stages), path)
         raise AssertionError("TILE_RULE ends with an unbounded row")
     if rule != "rows_on_m":
         raise ValueError(f"rule={rule!r} is not allowed: expected one of {RULES}")
@@ -143,10 +145,25 @@ def tile_rows(max_m: int, expected_rows: Optional[int], rule: str) -> int:
     return max(1, min(max_m, expected_rows))
 
 
-def m_grid(max_m: int, expected_rows: Optional[int], block_m: int) -> int:
+def m_grid(max_m: int, expected_rows: Optional[int], block_m: int, path: str = "fp8") -> int:
     """Programs per expert along rows. Program p takes the m-blocks p, p + m_grid, ... that lie
-    below masked_m[e]; one whose first block is already past masked_m exits at once."""
+    below masked_m[e]; one whose first block is already past masked_m exits at once. The planes
+    path sizes the grid for the estimate itself (tile_rows), without the slack: its programs are
+    one or two warps, K-split, so the slack's programs that exit at once were thousands (8
+    experts x 8 rows on an H200, the whole layer: 75.3 us with the slack, 61.3 us without)."""
+    if path == "planes":
+        return max(1, -(-tile_rows(max_m, expected_rows, "transposed") // block_m))
     return max(1, -(-rows_hint(max_m, expected_rows) // block_m))
+
+
+def planes_split_k(programs: int, num_warps: int, k_groups: int, sm_count: Optional[int]) -> int:
+    """K splits for a planes GEMM of `programs` programs of `num_warps` warps (experts x n-blocks x
+    m-programs) over `k_groups` groups of 128 on `sm_count` SMs; 1 where the SM count is
+    unknown."""
+    if not sm_count:
+        return 1
+    fill = PLANES_WARPS_PER_SM // num_warps * sm_count // max(programs, 1)
+    return max(1, min(MAX_PLANES_SPLIT_K, fill, k_groups // MIN_GROUPS_PER_SPLIT))
 
 
 def split_k(programs: int, k_groups: int, sm_count: Optional[int]) -> int:

@@ -42,6 +42,8 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         which has neither (the operands carry the same FP8 and int4 values either way)."""
         if self.device.type == "cpu":
             return torch.float32
+        if tile.path == "planes":
+            return torch.float16
         return torch.bfloat16 if tile.path == "decode" else self.fp8_dtype
 
     @property
@@ -69,11 +71,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
 
     def _launch(self, max_m: int, expected_rows: Optional[int]):
         gpu = self.target.gpu
-        gemm1_programs = self.spec.local_experts * -(-self.spec.intermediate_size // 64)
         tile = configs.gemm_tile(configs.tile_rows(max_m, expected_rows, self.rule), gpu and gpu.vendor,
-                                 bool(gpu and gpu.features.wgmma), self.rule, gemm1_programs,
-                                 gpu.sm_count if gpu is not None else None)
-        return tile, configs.m_grid(max_m, expected_rows, tile.block_m)
+                                 bool(gpu and gpu.features.wgmma), self.rule)
+        return tile, configs.m_grid(max_m, expected_rows, tile.block_m, tile.path)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
         if x.dtype != self.fp8_dtype:
@@ -99,6 +99,11 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         gpu = self.target.gpu
         sms = gpu.sm_count if gpu is not None else None
         E, H, inter = self.spec.local_experts, self.spec.hidden_size, self.spec.intermediate_size
+        if tile.path == "planes":
+            programs = lambda n: E * m_programs * -(-n // tile.block_n)
+            warps = tile.num_warps
+            return (configs.planes_split_k(programs(inter), warps, H // configs.GROUP_K, sms),
+                    configs.planes_split_k(programs(H), warps, inter // configs.GROUP_K, sms))
         programs = lambda n: E * m_programs * -(-n // tile.block_n)
         return (configs.split_k(programs(inter), H // configs.GROUP_K, sms),
                 configs.split_k(programs(H), inter // configs.GROUP_K, sms))

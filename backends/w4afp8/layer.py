@@ -14,12 +14,12 @@ import attrs
 import torch
 import triton.language as tl
 
-from backends.w4afp8 import configs, triton_decode, triton_kernels
+from backends.w4afp8 import configs, triton_decode, triton_kernels, triton_planes
 from hal.spec import MoESpec
 
 # torch dtype of the MMA operands -> the Triton dtype the kernels convert them to.
 DOT_DTYPES = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8,
-              torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+              torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @attrs.frozen
@@ -90,6 +90,20 @@ def _split_workspace(experts: int, m_programs: int, n: int, tile: configs.GemmTi
     return buffer[:sums], buffer[sums:].view(torch.int32)
 
 
+def _ordered_workspace(experts: int, m_programs: int, n: int, tile: configs.GemmTile,
+                       accumulators: int, split_k: int, device) -> tuple:
+    """(fp32 workspace, zeroed int32 counters) of a split-K planes launch: every split stores its
+    partial tile in its own slot, so only the counters start at zero; empty tensors without a
+    split."""
+    if split_k == 1:
+        empty = torch.empty(0, dtype=torch.float32, device=device)
+        return empty, empty.view(torch.int32)
+    tiles = triton_decode.workspace_slots(experts, m_programs, n, tile.block_n, 1)
+    sums = torch.empty(tiles * accumulators * split_k * tile.block_n * tile.block_m,
+                       dtype=torch.float32, device=device)
+    return sums, torch.zeros(tiles, dtype=torch.int32, device=device)
+
+
 def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], masked_m: torch.Tensor,
           data: PreparedW4AFp8, h: torch.Tensor, tile: configs.GemmTile, m_programs: int,
           dot_dtype: torch.dtype, magic_unpack: bool = False, split_k: int = 1) -> None:
@@ -108,7 +122,13 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   ACTIVATION=triton_kernels.ACTIVATION_CODES[spec.activation], GROUP_SCALED=group_scaled,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], **launch_options(tile))
-    if tile.transposed:
+    if tile.path == "planes":
+        ws, counters = _ordered_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
+        triton_planes.w4a8_planes_gemm1_kernel[
+            triton_decode.grid(m_programs, inter, tile.block_n, E, split_k)](
+            *args, data.q13, data.s13, data.w13_input_scale, data.w2_input_scale, h, ws, counters,
+            m_programs, *scalars, SPLIT_K=split_k, MAGIC=magic_unpack, **common)
+    elif tile.transposed:
         ws, counters = _split_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
         triton_decode.w4a8_decode_gemm1_kernel[
             triton_decode.grid(m_programs, inter, tile.block_n, E, split_k)](
@@ -128,7 +148,13 @@ def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: Prepared
     hidden = spec.hidden_size
     common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K,
                   DOT_DTYPE=DOT_DTYPES[dot_dtype], **launch_options(tile))
-    if tile.transposed:
+    if tile.path == "planes":
+        ws, counters = _ordered_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
+        triton_planes.w4a8_planes_gemm2_kernel[
+            triton_decode.grid(m_programs, hidden, tile.block_n, E, split_k)](
+            h, masked_m, data.q2, data.s2, data.w2_input_scale, out, ws, counters, m_programs, max_m,
+            inter, hidden, SPLIT_K=split_k, MAGIC=magic_unpack, **common)
+    elif tile.transposed:
         ws, counters = _split_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
         triton_decode.w4a8_decode_gemm2_kernel[
             triton_decode.grid(m_programs, hidden, tile.block_n, E, split_k)](

@@ -27,8 +27,8 @@ WHY = {
 # tile rule -> why it runs (configs.TILE_RULE and TILES carry the figures)
 RULE_WHY = {
     "transposed": "tile rule 'transposed' (default): weights on the MMA's M side and the rows on "
-                  "its N side, bf16 MMA with the lop3 unpack up to 64 rows and FP8 MMA beyond, as "
-                  "measured on an H200",
+                  "its N side: fp16 mma.sync on nibble planes unpacked in registers up to 16 rows, "
+                  "bf16 MMA with the lop3 unpack up to 64 and FP8 MMA beyond, as measured on an H200",
     "rows_on_m": "tile rule 'rows_on_m' (baseline, the previous tiles): rows on the FP8 MMA's M "
                  "side, never below 64 rows on GPUs with warpgroup MMA",
 }
@@ -45,7 +45,7 @@ class W4AFp8Plan:
     num_experts: int
     max_m: int
     expected_rows: Optional[int]
-    mma_dtype: str  # the MMA operand dtype: FP8 or bf16 by path, fp32 under the Triton interpreter
+    mma_dtype: str  # the MMA operand dtype: FP8, bf16 or fp16 by path, fp32 under the Triton interpreter
     split_k: tuple  # K splits of (GEMM 1, GEMM 2)
     live_experts: Optional[int]
     rows: Optional[int]

@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from backends.w4afp8 import configs, layer, triton_decode, triton_kernels
+from backends.w4afp8 import configs, layer, triton_decode, triton_kernels, triton_planes
 
 MAXNREG = re.compile(r"\.maxnreg (\d+)")
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
@@ -52,7 +52,12 @@ def compile_all(target: str) -> list:
                        ("rows_on_m", 200)):
         tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90", rule=rule)
         common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
-        if tile.transposed:
+        if tile.path == "planes":
+            # int32 weight words and a split-K workspace (K split in three, as on an H200 at 8 experts)
+            module, prefix = triton_planes, "w4a8_planes_"
+            halves = dict(q_ptr="*i32", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
+            common.update(DOT_DTYPE=tl.float16, MAGIC=not hip, SPLIT_K=3)
+        elif tile.transposed:
             # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8 experts)
             module, prefix = triton_decode, "w4a8_decode_"
             halves = dict(q_ptr="*i16", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
@@ -70,7 +75,7 @@ def compile_all(target: str) -> list:
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
             results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,
                                 shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
-                                magic_unpack=asm.count("0x43004300"),
+                                magic_unpack=asm.count("0x43004300") + asm.count("0x64006400"),
                                 maxnreg=int(m.group(1)) if (m := MAXNREG.search(asm)) else None))
     return results
 

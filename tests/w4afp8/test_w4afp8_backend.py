@@ -102,20 +102,28 @@ def test_plans_say_which_feed_runs_and_why():
     text = plan.describe()
     assert plan.variant == "requant" and "default" in text and "requant op rewrites x" in text
     assert "requant tuned" in text
-    # a few rows: the decode path, 16 rows on the bf16 MMA's N side
-    assert plan.tile.path == "decode" and "decode path" in text
-    assert (plan.tile.block_m, plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (16, 1, 32, 112)
-    assert plan.mma_dtype == "bfloat16" and plan.rows == 8 and plan.live_experts == 5
-    # 8 experts x 32 n-blocks fill half of 4 programs on each of 132 SMs: GEMM 1 splits K in two
+    # a few rows: the planes path, 8 rows on the N side of one warp's fp16 mma.sync
+    assert plan.tile.path == "planes" and "planes path" in text
+    assert (plan.tile.block_m, plan.tile.block_n, plan.tile.num_warps) == (8, 32, 1)
+    assert (plan.m_programs, plan.gemm1_n_blocks, plan.gemm2_n_blocks) == (1, 64, 224)
+    assert plan.mma_dtype == "float16" and plan.rows == 8 and plan.live_experts == 5
+    # 8 experts x 64 n-blocks fill half of 8 one-warp programs on each of 132 SMs: GEMM 1 splits
+    # K in 2
     assert plan.split_k == (2, 1) and "2 K splits" in text
-    assert plan.programs == 1 * (32 * 2 + 112) * 8
-    assert kernel.plan(masked_m, expected_rows=2, max_m=128).split_k == (2, 1)
-    # never more than two splits (their sum does not depend on the order), however small the grid
+    assert plan.programs == 1 * (64 * 2 + 224) * 8
+    # a small grid splits further, each split keeping 4 groups of 128 at least
     assert backend.build(attrs.evolve(SPEC, num_local_experts=1), target).plan(
-        expected_rows=2, max_m=128).split_k == (2, 2)
-    # 32 experts fill the GPU at BLOCK_N 64 already: the wide decode tile, no K split
+        expected_rows=2, max_m=128).split_k == (8, 4)
+    # 32 experts fill the GPU without a split
     wide = backend.build(attrs.evolve(SPEC, num_local_experts=32), target).plan(expected_rows=2, max_m=128)
-    assert (wide.tile.block_m, wide.tile.block_n, wide.split_k) == (16, 128, (1, 1))
+    assert (wide.tile.path, wide.tile.block_m, wide.split_k) == ("planes", 8, (1, 1))
+    # the planes grid has no slack: one m-program per 8 expected rows, further rows walked in a loop
+    assert kernel.plan(expected_rows=8, max_m=128).m_programs == 1
+    assert kernel.plan(expected_rows=9, max_m=128).m_programs == 1  # the 16-row tile
+    assert kernel.plan(expected_rows=8, max_m=128).split_k == (2, 1)
+    sixteen = kernel.plan(expected_rows=16, max_m=128)
+    assert (sixteen.tile.block_m, sixteen.tile.block_n, sixteen.tile.num_warps) == (16, 64, 2)
+    assert sixteen.split_k == (2, 1)  # 256 two-warp programs of GEMM 1 fill half of 4 per SM
     baseline = kernel.baselines()["fused"]
     assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant", "rows_on_m"}
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
@@ -140,7 +148,9 @@ def test_plans_say_which_feed_runs_and_why():
     assert (old_prefill.tile.block_m, old_prefill.tile.num_warps, old_prefill.m_programs) == (128, 8, 4)
     mi300x_kernel = backend.build(SPEC, profile_target("mi300x"))
     mi300x = mi300x_kernel.plan(masked_m, expected_rows=2)
-    assert mi300x.mma_dtype == "bfloat16" and mi300x.tile.num_stages == 2
+    # the planes path on gfx942: fp16 MFMA, never below its 16-row N side, two stages
+    assert mi300x.mma_dtype == "float16" and mi300x.tile.num_stages == 2
+    assert (mi300x.tile.path, mi300x.tile.block_m) == ("planes", 16)
     mi300x_prefill = mi300x_kernel.plan(expected_rows=256, max_m=512)
     assert mi300x_prefill.mma_dtype == "float8_e4m3fnuz" and mi300x_prefill.tile.num_stages == 2
     l40s = backend.build(SPEC, Target("cuda:0", Caps(gpus=(L40S,)))).baselines()["rows_on_m"]

@@ -34,15 +34,23 @@ def compiled(target: str) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_and_bf16_with_the_ptx_unpack_in_decode():
+# path -> the MMA operand type each target's instructions name
+OPERANDS = {"planes": ("f16.f16", "f16"), "decode": ("bf16.bf16", "bf16"),
+            "transposed_fp8": ("e4m3.e4m3", "fp8"), "fp8": ("e4m3.e4m3", "fp8")}
+
+
+def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_bf16_in_decode_and_fp16_mma_sync_in_planes():
     cases = compiled("cuda:90")
-    assert {c["path"] for c in cases} == {"decode", "transposed_fp8", "fp8"}
+    assert {c["path"] for c in cases} == {"planes", "decode", "transposed_fp8", "fp8"}
     for case in cases:
         assert case["shared"] <= MAX_SHARED, case
-        if case["path"] == "decode":
-            assert any("bf16.bf16" in m for m in case["mma"]) and case["magic_unpack"] > 0, case
-            # the 16-row tile is held to 128 registers, so four programs share an SM
-            assert case["maxnreg"] == (128 if case["block_m"] == 16 else None), case
+        if case["path"] == "planes":
+            # two warps of mma.sync: the unpacked weights stay in the MMA's registers
+            assert case["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"], case
+            assert case["magic_unpack"] > 0, case
+        elif case["path"] == "decode":
+            assert any("wgmma" in m and "bf16.bf16" in m for m in case["mma"]), case
+            assert case["magic_unpack"] > 0, case
         else:
             assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
 
@@ -50,13 +58,11 @@ def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_and_bf16_with_the_ptx_unpack_in_de
 def test_sm89_uses_fp8_mma_sync_on_the_fp8_paths():
     for case in compiled("cuda:89"):
         assert case["shared"] <= MAX_SHARED, case
-        want = "bf16.bf16" if case["path"] == "decode" else "e4m3.e4m3"
-        assert any(want in m for m in case["mma"]), case
+        assert any(OPERANDS[case["path"]][0] in m for m in case["mma"]), case
 
 
 def test_gfx942_uses_mfma_and_no_ptx():
     for case in compiled("hip:gfx942"):
         assert case["shared"] <= MAX_SHARED, case
-        want = "bf16" if case["path"] == "decode" else "fp8"
-        assert any("mfma" in m and want in m for m in case["mma"]), case
+        assert any("mfma" in m and OPERANDS[case["path"]][1] in m for m in case["mma"]), case
         assert case["magic_unpack"] == 0, case
