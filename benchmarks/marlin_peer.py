@@ -233,7 +233,7 @@ def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
         return None
 
 
-def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: "int | None" = None,
+def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: int | None = None,
                fused: bool = True):
     from backends.marlin import configs
     from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
@@ -460,7 +460,7 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
     sets = input_sets(spec, T)
     outs = [torch.empty_like(s[0]) for s in sets]
     rule = kernel._choice(T)
-    n1, k1, n2, k2 = spec.w13_rows, spec.hidden_size, spec.hidden_size, spec.intermediate_size
+    k1, k2 = spec.hidden_size, spec.intermediate_size
     # Routes of an expert that has any; block sizes far from it (a quarter of it or less, or more
     # than twice it and above 16) are not timed.
     p = min(1.0, spec.top_k / spec.num_experts)
@@ -538,7 +538,8 @@ def main() -> int:
     parser.add_argument("--sweep-all-splits", action="store_true",
                         help="the sweep times every K split of every config (not only the rule's)")
     parser.add_argument("--sweep-block-m", default="",
-                        help="the sweep times only these block sizes (default: those near the routes per expert)")
+                        help="the sweep times only these block sizes "
+                             "(default: those near the routes per expert)")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
