@@ -203,10 +203,8 @@ def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, bl
     dot's register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per
     tile (one wgmma M) at BLOCK_M 16 and 128 from BLOCK_M 32 (three stages); where the decode rule
     narrowed the N tiles to 32 to keep the GPU busy (1 token), the usual order with those tiles
-    (16-row mma.sync). Two stages on AMD. On the H200 (config sweep, 2 Dec 2026), gpt-oss-120b:
-    60.5 us against 70.9 swapped at 1 token; swapped 291.2 against 320.9 at 8 tokens, 1001.9
-    against 1044.1 at 64 (128 rows in GEMM 1), 1361.3 against 2010.7 at 512; at 4096 tokens 4228.6
-    (8 warps) against 5647.0 with 64-row blocks and 4 warps."""
+    (16-row mma.sync). Two stages on AMD. Chosen by timing each config alone on gpt-oss-120b on the
+    H200; the rule's figures are in docs/backends/triton_moe.md."""
     if decode and gemm1.block_n <= MIN_DECODE_BLOCK_N and not swap_ab:
         return gemm1, gemm2, ("mxfp4 decode: N tiles of 32 for enough programs, 16-row mma.sync with "
                               "the decoded weights second")
