@@ -111,7 +111,7 @@ def _publish(ws_ptr, slot, acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _arrive(counter_ptr, tile, parts):
     """Count this K split in; True for the last of `parts` to arrive, which then owns the sums."""
-    tl.debug_barrier()  # every thread's partial sums are issued before the count is
+    tl.debug_barrier()  # every thread's partial sums are written before the count is
     return tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == parts - 1
 
 
@@ -119,6 +119,26 @@ def _arrive(counter_ptr, tile, parts):
 def _collect(ws_ptr, slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """The summed tile, read from L2 where the atomics landed."""
     return tl.load(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), cache_modifier=".cg")
+
+
+@triton.jit
+def _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit, expert,
+             offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION: tl.constexpr):
+    """GEMM 1's epilogue on a transposed [BLOCK_N, BLOCK_M] tile: the activation of the fp32 sums,
+    requantized to GEMM 2's FP8 input, stored for the live rows and columns."""
+    act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
+    h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
+    out_rows = expert.to(tl.int64) * max_m + offs_m
+    tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h, mask=live_m[None, :] & live_n[:, None])
+
+
+@triton.jit
+def _store_out(out_ptr, acc, in_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden):
+    """GEMM 2's epilogue on a transposed [BLOCK_N, BLOCK_M] tile: bf16 of the sums times the input
+    scale, stored for the live rows and columns."""
+    out_rows = expert.to(tl.int64) * max_m + offs_m
+    tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None], (acc * in_scale).to(tl.bfloat16),
+             mask=live_m[None, :] & live_n[:, None])
 
 
 @triton.jit
@@ -177,11 +197,8 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
                         gate = _collect(ws_ptr, 2 * tile, BLOCK_N, BLOCK_M)
                         up = _collect(ws_ptr, 2 * tile + 1, BLOCK_N, BLOCK_M)
             if last:
-                act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
-                h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
-                out_rows = expert.to(tl.int64) * max_m + offs_m
-                tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h,
-                         mask=live_m[None, :] & live_n[:, None])
+                _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit,
+                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION)
 
 
 @triton.jit
@@ -224,9 +241,7 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
                     if last:
                         acc = _collect(ws_ptr, tile, BLOCK_N, BLOCK_M)
             if last:
-                out_rows = expert.to(tl.int64) * max_m + offs_m
-                tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None],
-                         (acc * in_scale).to(tl.bfloat16), mask=live_m[None, :] & live_n[:, None])
+                _store_out(out_ptr, acc, in_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden)
 
 
 def grid(m_programs: int, n: int, block_n: int, experts: int, split_k: int = 1) -> tuple:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.w4afp8.triton_kernels import _activation, _requant
+from backends.w4afp8.triton_decode import _arrive, _store_h, _store_out
+from backends.w4afp8.triton_kernels import _requant
 
 # Two int32 words in ($8, $9), eight fp16 pairs out: pair j holds nibble j of each word as q - 8.
 # prmt gathers the low (high) halves of both words into one register; lop3 (immediate 0xEA:
@@ -194,13 +195,6 @@ def _slot(ws_ptr, tile, accumulator, split, ACCUMULATORS: tl.constexpr, SPLIT_K:
 
 
 @triton.jit
-def _arrive(counter_ptr, tile, parts):
-    """Count this K split in; True for the last of `parts` to arrive, which then owns the sums."""
-    tl.debug_barrier()  # every thread's partial sums are stored before the count is
-    return tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == parts - 1
-
-
-@triton.jit
 def _ordered_sum(ws_ptr, tile, accumulator, ACCUMULATORS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """The SPLIT_K partials of `tile` summed in split order, read from L2 where they were stored:
@@ -289,11 +283,8 @@ def w4a8_planes_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
                         gate = _ordered_sum(ws_ptr, tile, 0, 2, SPLIT_K, BLOCK_N, BLOCK_M)
                         up = _ordered_sum(ws_ptr, tile, 1, 2, SPLIT_K, BLOCK_N, BLOCK_M)
             if last:
-                act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
-                h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
-                out_rows = expert.to(tl.int64) * max_m + offs_m
-                tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h,
-                         mask=live_m[None, :] & live_n[:, None])
+                _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit,
+                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION)
 
 
 @triton.jit
@@ -347,6 +338,4 @@ def w4a8_planes_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
                     if last:
                         acc = _ordered_sum(ws_ptr, tile, 0, 1, SPLIT_K, BLOCK_N, BLOCK_M)
             if last:
-                out_rows = expert.to(tl.int64) * max_m + offs_m
-                tl.store(out_ptr + out_rows[None, :] * hidden + offs_n[:, None],
-                         (acc * in_scale).to(tl.bfloat16), mask=live_m[None, :] & live_n[:, None])
+                _store_out(out_ptr, acc, in_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden)
