@@ -1,7 +1,8 @@
 """Helpers for kernel tests, here and in third-party backends: poisoned outputs, the accuracy
 measure of docs/contract.md, the machine's own capabilities, and the conformance suite every backend
 passes (`pytest --pyargs hal.testing.conformance`; the fuzz of invalid inputs is hal.testing.fuzz),
-Triton's CPU interpreter with torch's fp8 rounding, and torch.library.opcheck on recorded op calls."""
+Triton's CPU interpreter with torch's fp8 rounding, Triton's ahead-of-time compile for GPUs the
+machine need not have (hal.testing.triton_aot), and torch.library.opcheck on recorded op calls."""
 
 from hal.testing.accuracy import ACCURACY, rel_err
 from hal.testing.machine import live_cpu_caps

@@ -14,13 +14,13 @@ import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 import hal
 from backends.triton_moe import backend, configs
 from backends.triton_moe.gemm import moe_gemm_kernel
 from hal import presets
 from hal.backend import Target
+from hal.testing.triton_aot import ast_source
 
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+|v_wmma\w+|tcgen05\.mma[\w.]*)")
 # format -> (layer, token counts): the repacked mxfp4 path's every tile shape, the others' decode
@@ -36,17 +36,12 @@ POINTERS = dict(a_ptr="*bf16", bias_ptr="*fp32", out_ptr="*bf16", sorted_routes_
 FLOATS = ("swiglu_alpha", "swiglu_limit")
 
 
-def source(fmt: str, constexprs: dict) -> ASTSource:
+def source(fmt: str, constexprs: dict):
     weights, scales = WEIGHTS[fmt]
     # the launch passes the weights where a 16-bit input has no scales and GEMM 1 writes no e4m3
     pointers = dict(POINTERS, w_ptr=weights, s_ptr=scales, a_scale_ptr=weights, out_scale_ptr=weights)
-    names = moe_gemm_kernel.arg_names
-    types = {n: pointers.get(n, "fp32" if n in FLOATS else "i32") for n in names}
-    signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
-    # every pointer a real launch passes is 16-byte aligned: Triton specializes them so
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in pointers}
-    return ASTSource(fn=moe_gemm_kernel, signature=signature, attrs=attrs,
-                     constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    types = {n: pointers.get(n, "fp32" if n in FLOATS else "i32") for n in moe_gemm_kernel.arg_names}
+    return ast_source(moe_gemm_kernel, types, constexprs)
 
 
 def gpu_target(gpu) -> GPUTarget:

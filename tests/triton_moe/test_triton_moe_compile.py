@@ -6,13 +6,11 @@ architecture (the 16-bit dot every format's weights are dequantized to) and fit 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from hal.testing.triton_aot import compiled_ahead_of_time
 
 pytestmark = pytest.mark.cpu
 
@@ -20,17 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compiled(profile: str) -> list:
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:  # the real cause: no Triton, or a module it needs (numpy)
-        pytest.skip(f"Triton cannot be imported: {exc}")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, str(ROOT / "tests/triton_moe/aot_compile.py"), profile],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode and ("GPUTarget" in done.stderr or "ASTSource" in done.stderr):
-        pytest.skip(f"this Triton cannot compile ahead of time: {done.stderr.strip().splitlines()[-1]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    cases = json.loads(done.stdout.strip().splitlines()[-1])
+    cases = compiled_ahead_of_time(ROOT / "tests/triton_moe/aot_compile.py", profile, ROOT)
     for case in cases:
         assert case["shared"] <= case["smem_limit"], case
     return cases

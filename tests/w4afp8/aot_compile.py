@@ -13,9 +13,9 @@ import sys
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from backends.w4afp8 import configs, layer, triton_decode, triton_kernels, triton_planes
+from hal.testing.triton_aot import ast_source
 
 MAXNREG = re.compile(r"\.maxnreg (\d+)")
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
@@ -24,15 +24,6 @@ MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
 # integer arguments that hold multiples of 16 in every real launch: Triton specializes them (and
 # every pointer) as such when it launches, so the AOT compile is told the same.
 MULTIPLES_OF_16 = ("max_m", "hidden", "inter", "weight_rows")
-
-
-def source(fn, types: dict, constexprs: dict) -> ASTSource:
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-             if n not in constexprs and (types[n].startswith("*") or n in MULTIPLES_OF_16)}
-    return ASTSource(fn=fn, signature=signature, attrs=attrs,
-                     constexprs={(names.index(k),): v for k, v in constexprs.items()})
 
 
 def compile_all(target: str) -> list:
@@ -70,7 +61,7 @@ def compile_all(target: str) -> list:
                   dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
                  ("gemm2", getattr(module, f"{prefix}gemm2_kernel"), {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
-            kernel = triton.compile(source(fn, types, constexprs), target=gpu,
+            kernel = triton.compile(ast_source(fn, types, constexprs, MULTIPLES_OF_16), target=gpu,
                                     options=layer.launch_options(tile))
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
             results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,

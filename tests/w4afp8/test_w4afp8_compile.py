@@ -4,13 +4,11 @@ bf16 ones (with the PTX unpack on NVIDIA only), and each fits a block's shared m
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from hal.testing.triton_aot import compiled_ahead_of_time
 
 pytestmark = pytest.mark.cpu
 
@@ -21,17 +19,7 @@ MAX_SHARED = 227 * 1024
 
 
 def compiled(target: str) -> list:
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:  # the real cause: no Triton, or a module it needs (numpy)
-        pytest.skip(f"Triton cannot be imported: {exc}")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, str(ROOT / "tests/w4afp8/aot_compile.py"), target], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode and ("GPUTarget" in done.stderr or "ASTSource" in done.stderr):
-        pytest.skip(f"this Triton cannot compile ahead of time: {done.stderr.strip().splitlines()[-1]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return compiled_ahead_of_time(ROOT / "tests/w4afp8/aot_compile.py", target, ROOT)
 
 
 # path -> the MMA operand type each target's instructions name
