@@ -49,20 +49,18 @@ W8A8_DECODE_CANDIDATES = (
     (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
     (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
 )
-DECODE_CANDIDATES = (
-    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
-    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True), {"x_quant_launch": True}),
-    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True), {"x_quant_launch": True}),
-    (16, (128, 128, 4, 5, True), (128, 128, 4, 5, True)),
-    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
-    (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
-    (16, (64, 128, 4, 4, True, 1, True), (128, 128, 4, 4, True, 1, True)),
-)
-DECODE_CANDIDATES = (
-    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
-    (16, (128, 128, 4, 3, True), (128, 128, 4, 3, True)),
-    (16, (64, 128, 4, 4, False), (64, 128, 4, 4, False)),
-    (16, (32, 128, 4, 5, False), (32, 128, 4, 5, False)),
+# w8a16 (fp8 weights scaled in registers into 16-bit dots): both GEMMs in the usual order (the rule
+# before GEMM 1 took swap-AB at 128-row blocks), then swap-AB for both: the scaled weights are
+# wgmma's register operand and the activations come straight from memory, so the dots chain on the
+# accumulator and stay in flight across K steps; in the usual order the scaled weight tile is
+# stored to shared memory each step and every dot is waited for.
+W8A16_PREFILL_CANDIDATES = (
+    (128, (128, 64, 8, 3, False, 16), (128, 64, 8, 3, False, 16)),
+    (128, (128, 64, 8, 3, True, 8), (128, 64, 8, 3, True, 8)),
+    (128, (128, 128, 8, 3, True, 8), (128, 128, 8, 3, True, 8)),
+    (64, (128, 128, 4, 3, True, 8), (128, 128, 4, 3, True, 8)),
+    (128, (64, 128, 8, 3, True, 16), (128, 128, 8, 3, True, 16)),
+    (64, (64, 128, 4, 4, True, 16), (128, 128, 4, 4, True, 16)),
 )
 DECODE_CANDIDATES = (
     (16, (32, 256, 4, 3), (32, 256, 4, 3)),
@@ -127,6 +125,8 @@ def main(argv=None) -> int:
         if args.sweep:
             if rule.fp8_act:
                 candidates += list(W8A8_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A8_DECODE_CANDIDATES)
+            elif spec.weight_format == "fp8_block128" and rule.block_m >= 64:
+                candidates += list(W8A16_PREFILL_CANDIDATES)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
         for candidate in candidates:

@@ -5,7 +5,11 @@ Times, on the same inputs:
     w4afp8:requant   the w4afp8 backend as selected: the requant op writes per-tensor FP8, then the
                      GEMMs run with the measured tile rule (weights on the MMA's M side)
     w4afp8:fused     the same GEMMs fed the per-token-group FP8 directly (--no-fused skips it)
+    w4afp8:per_group the tile rule without folding the weight scales: each K group's MMA result
+                     scaled by its weight scale (--no-per-group skips it)
     w4afp8:rows_on_m the previous tiles: rows on the FP8 MMA's M side (--no-rows-on-m skips it)
+    tile:PATH:...    with --tile PATH:BLOCK_M:BLOCK_N:WARPS:STAGES (repeatable): the requant feed
+                     with that transposed tile at every row count (a tile sweep)
     requant          the requant backend's masked MoE (Triton requant, GEMMs on backends.reference)
     reference        backends.reference (--no-reference skips it)
     marlin           with --marlin: the marlin backend's W4A16 layer (bf16 activations) on the same
@@ -18,7 +22,8 @@ measured in the same run. Timing replays a CUDA graph over rotated input sets an
 the prepared weights, so no call finds the previous call's weights or activations in L2.
 
     python benchmarks/w4afp8_masked.py [--experts 8 16 32] [--rows 1 2 4 8 64 128 256 512] [--marlin]
-                                       [--no-fused] [--no-rows-on-m] [--no-fallback] [--json]"""
+                                       [--no-fused] [--no-per-group] [--no-rows-on-m] [--no-fallback]
+                                       [--tile folded:128:64:4:3 ...] [--json]"""
 
 from __future__ import annotations
 
@@ -67,15 +72,29 @@ def fp8_tflops(fp8_dtype) -> Optional[float]:
     return 2 * FP8_MATMUL_N**3 / time_calls("cuda", [call], warmup=2, iters=10).median_s / 1e12
 
 
-def kernels(spec, device, caps, include: set):
+def parse_tile(text: str):
+    """PATH:BLOCK_M:BLOCK_N:WARPS:STAGES -> a transposed configs.GemmTile."""
+    from backends.w4afp8 import configs
+
+    path, *numbers = text.split(":")
+    if path not in configs.PATHS or path == "fp8" or len(numbers) != 4:
+        raise argparse.ArgumentTypeError(f"--tile {text!r}: expected PATH:BLOCK_M:BLOCK_N:WARPS:STAGES "
+                                         f"with PATH one of the transposed paths")
+    block_m, block_n, warps, stages = map(int, numbers)
+    return configs.GemmTile(block_m, block_n, warps, stages, path)
+
+
+def kernels(spec, device, caps, include: set, tiles=()):
     """[(label, kernel)]: the w4afp8 default (requant feed, transposed tiles), its baselines (the
-    fused feed, the previous rows-on-M tiles) and the backends it replaces, those named in
-    `include`."""
+    fused feed, the per-group tiles, the previous rows-on-M tiles) and the backends it replaces,
+    those named in `include`, then one kernel per forced tile."""
     import hal
 
     default = hal.select_moe_kernel(spec, device, caps=caps, prefer="w4afp8")
     out = [(f"w4afp8:{default.variant}", default)]
     out += [(f"w4afp8:{name}", k) for name, k in default.baselines().items() if name in include]
+    out += [(f"tile:{t.path}:{t.block_m}:{t.block_n}:{t.num_warps}:{t.num_stages}",
+             type(default)(spec, default.target, tile=t)) for t in tiles]
     for name in ("requant", "reference"):
         if name in include:
             out.append((name, hal.select_moe_kernel(spec, device, caps=caps, prefer=name)))
@@ -118,7 +137,7 @@ def marlin_calls(kernel, weight_sets, experts: int, rows: int, device):
             for i, (x, o) in enumerate(zip(xs, outs, strict=True))]
 
 
-def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate, include: set):
+def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate, include: set, tiles=()):
     import attrs
     import torch
 
@@ -129,7 +148,7 @@ def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate
     spec = MoESpec(num_experts=GLOBAL_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN,
                    intermediate_size=INTERMEDIATE, num_local_experts=experts, weight_format="w4afp8",
                    layout="masked")
-    runs = kernels(spec, device, caps, include)
+    runs = kernels(spec, device, caps, include, tiles)
     fp8 = runs[0][1].fp8_dtype
     marlin = marlin_kernel(experts, device, caps) if "marlin" in include else None
     # The masked layout holds local experts only; the expert map is validated, never read.
@@ -177,7 +196,7 @@ def bench_experts(experts: int, rows_list, device: str, caps, ceilings, fp8_rate
 def table(results) -> str:
     head = (f"{'E':>3} {'rows':>5} {'variant':<16} {'median us':>10} {'weight GB/s':>12} "
             f"{'roofline':>9} {'FP8 TFLOP/s':>12} {'vs requant feed':>16} {'vs requant':>11} "
-            f"{'vs rows_on_m':>12} {'vs marlin':>10}")
+            f"{'vs per_group':>12} {'vs rows_on_m':>12} {'vs marlin':>10}")
     lines = [head, "-" * len(head)]
     by_key = {(r["experts"], r["rows_per_expert"], r["variant"]): r for r in results}
     for r in results:
@@ -186,11 +205,12 @@ def table(results) -> str:
         fallback = by_key.get((*key, "requant"))
         marlin = by_key.get((*key, "marlin"))
         previous = by_key.get((*key, "w4afp8:rows_on_m"))
+        per_group = by_key.get((*key, "w4afp8:per_group"))
         ratio = lambda other, r=r: f"{other['median_us'] / r['median_us']:.2f}x" if other else "-"
         lines.append(f"{r['experts']:>3} {r['rows_per_expert']:>5} {r['variant']:<16} "
                      f"{r['median_us']:>10.1f} {r['weight_gbps']:>12.0f} {r['weight_roofline']:>9.1%} "
                      f"{r['fp8_tflops']:>12.1f} {ratio(feed):>16} {ratio(fallback):>11} "
-                     f"{ratio(previous):>12} {ratio(marlin):>10}")
+                     f"{ratio(per_group):>12} {ratio(previous):>12} {ratio(marlin):>10}")
     return "\n".join(lines)
 
 
@@ -202,6 +222,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip backends.reference")
     parser.add_argument("--no-fallback", action="store_true", help="skip the requant backend's layer")
     parser.add_argument("--no-fused", action="store_true", help="skip the w4afp8 fused feed")
+    parser.add_argument("--no-per-group", action="store_true",
+                        help="skip the w4afp8 per-group tiles (the weight scales not folded)")
+    parser.add_argument("--tile", type=parse_tile, action="append", default=[],
+                        help="also time the requant feed with this transposed tile, "
+                             "PATH:BLOCK_M:BLOCK_N:WARPS:STAGES (repeatable)")
     parser.add_argument("--no-rows-on-m", action="store_true",
                         help="skip the w4afp8 previous tiles (rows on the FP8 MMA's M side)")
     parser.add_argument("--marlin", action="store_true",
@@ -228,10 +253,11 @@ def main(argv=None) -> int:
     fp8_rate = fp8_tflops(fp8)
     results = []
     include = {name for name, skip in (("reference", args.no_reference), ("requant", args.no_fallback),
-                                       ("fused", args.no_fused), ("rows_on_m", args.no_rows_on_m),
+                                       ("fused", args.no_fused), ("per_group", args.no_per_group),
+                                       ("rows_on_m", args.no_rows_on_m),
                                        ("marlin", not args.marlin)) if not skip}
     for experts in args.experts:
-        results += bench_experts(experts, args.rows, device, caps, ceilings, fp8_rate, include)
+        results += bench_experts(experts, args.rows, device, caps, ceilings, fp8_rate, include, args.tile)
     gpu = torch.cuda.get_device_name()
     header = (f"w4afp8 masked MoE, H {HIDDEN}, I {INTERMEDIATE}, on {gpu}: {ceilings.describe()}; "
               f"FP8 matmul {'n/a' if fp8_rate is None else f'{fp8_rate:.0f} TFLOP/s'}")

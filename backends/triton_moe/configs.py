@@ -60,6 +60,17 @@ DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
 MAX_GROUP_M = 16
+# w8a16 prefill on GPUs with wgmma, from this BLOCK_M: GEMM 1 swap-AB (the e4m3 weights scaled into
+# bf16 in registers are wgmma's register operand, x comes straight from memory, so the dots chain
+# on the accumulator and stay in flight; in the usual order the scaled tile is stored to shared
+# memory every K step and each dot is waited for), BLOCK_K 128 (one block scale per step), groups
+# of at most 8 blocks. On the H200 at 4096 tokens (benchmarks/triton_moe_stages.py --sweep):
+# qwen3-30b-a3b GEMM 1 719.8 us against 825.3 in the usual order (call 1130.7 against 1232.7),
+# deepseek-v3's EP rank 938.9 against 1102.0 (1465.3 against 1625.4); GEMM 2 (K 768 / 2048) ran
+# slower swapped (433.9 against 366.1, 528.8 against 478.9), and at 512 tokens (BLOCK_M 64) every
+# swapped config ran slower (483.7 us at best against 303.1).
+W8A16_SWAP_MIN_BLOCK_M = 128
+W8A16_SWAP_GROUP_M = 8
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
@@ -329,6 +340,14 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
         reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
                        f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+    if (fp8 and not fp8_act and swap_ab is None and block_m >= W8A16_SWAP_MIN_BLOCK_M and gpu is not None
+            and gpu.features.wgmma):
+        gemm1 = attrs.evolve(gemm1, swap_ab=True, block_k=128, group_m=min(gemm1.group_m, W8A16_SWAP_GROUP_M),
+                             num_stages=min(3, _stages(block_m, gemm1.block_n, 128, tiles_1, a_bits,
+                                                       _weight_bits(spec.weight_format), smem, amd)))
+        reasons.append("w8a16 prefill: GEMM1 swap-AB with BLOCK_K 128, the scaled weights as wgmma's "
+                       "register operand and x straight from memory, so its dots stay in flight across K "
+                       "steps")
     h_fp8 = fp8_act and gemm1.block_n == 128
     if fp8_act:
         if gemm1.swap_ab:
@@ -340,9 +359,9 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                        + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
-        # On request only: on the H200 swap-AB (the weights dequantized in registers as wgmma's
-        # register operand) ran slower everywhere: qwen3-30b-a3b fp8 at 512 tokens 430.6 us against
-        # 303.5, gpt-oss-120b mxfp4 at 4096 tokens 12027 against 4760.
+        # On request for both GEMMs: on the H200 swap-AB for both ran slower: qwen3-30b-a3b fp8
+        # at 512 tokens 430.6 us against 303.5, gpt-oss-120b mxfp4 through dot_scaled at 4096
+        # tokens 12027 against 4760 (the w8a16 prefill's GEMM 1 alone gains, above).
         gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=True), attrs.evolve(gemm2, swap_ab=True)
         reasons.append("swap-AB (asked for): W @ x.T, the dequantized weights as the dot's first operand")
     if decode:

@@ -21,15 +21,31 @@ GROUP_K = 128
 # the rows on its N side, so BLOCK_M covers an expert's rows in one m-block (each further m-block
 # streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 16 rows
 # the "planes" path (triton_planes.py): two warps of fp16 mma.sync that unpack the int4 in
-# registers. Up to 64 rows the bf16 wgmma path ("decode", triton_decode.py) with Marlin's lop3
-# unpack; beyond, the FP8 MMA's rate pays for its slower unpack. Measured on an H200
-# (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2: 16 x 64 decode 88.4 + 46.7 us,
-# planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x 32 on one warp 39.1 + 22.5 us;
-# 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 + 29.5 us.
+# registers. Measured on an H200 (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2:
+# 16 x 64 decode 88.4 + 46.7 us, planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x
+# 32 on one warp 39.1 + 22.5 us; 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 +
+# 29.5 us. From 33 rows the "folded" path (triton_decode.py): the weight scales folded exactly
+# into fp16 weight tiles, so the MMAs chain over K and stay in flight, reading 16-bit activations
+# from memory. That pays where the MMA is asynchronous (wgmma, sm_90); elsewhere (mma.sync, MFMA)
+# an MMA's result is waited for anyway and the FP8 MMA runs at twice the fp16 rate, so GPUs without
+# wgmma, and weights whose scales cannot be folded exactly, take PER_GROUP_RULE's tile instead.
+# Measured on an H200, 8 experts, the whole layer (benchmarks/w4afp8_masked.py --tile): 32 rows
+# per-group 32 x 64 168.4 us, folded 32 x 64 on 3 / 4 stages 167.0 / 179.6; 64 rows per-group
+# 209.1, folded 64 x 64 4 warps 3 stages 199.7, 64 x 128 8 warps 251.9; 128 rows per-group (FP8
+# 128 x 64) 370.2, folded 128 x 128 8 warps 318.5, 128 x 64 4 / 8 warps 401.7 / 439.7; 512 rows
+# per-group (FP8 256 x 64) 1027.1, folded 128 x 128 984.2, 256 x 64 3 / 2 stages 992.3 / 1161.9.
 TILE_RULE = (
     (8, ("planes", 8, 32, 1, 4)),
     (16, ("planes", 16, 64, 2, 4)),
     (32, ("decode", 32, 64, 4, 4)),
+    (64, ("folded", 64, 64, 4, 3)),
+    (None, ("folded", 128, 128, 8, 3)),
+)
+# The per-group rule ("per_group", the baseline of the folded path, and the rule for weights it
+# cannot fold): from 17 rows each K group's MMA result is scaled by its group's weight scale, so
+# every group waits for its MMA: a bf16 wgmma with Marlin's lop3 unpack up to 64 rows, beyond an
+# FP8 MMA, whose rate pays for its slower unpack.
+PER_GROUP_RULE = TILE_RULE[:3] + (
     (64, ("decode", 64, 64, 4, 4)),
     (128, ("transposed_fp8", 128, 64, 4, 3)),
     (None, ("transposed_fp8", 256, 64, 8, 3)),
@@ -57,7 +73,9 @@ STAGES = {"nvidia": 3, "amd": 2}
 # rows: an expert is expected to hold up to this many times the average before the m-grid stops
 # growing with it; rows beyond that are walked by the same programs in a loop (never dropped).
 ROW_SLACK = 2
-RULES = ("transposed", "rows_on_m")
+RULES = ("transposed", "per_group", "rows_on_m")
+# the transposed rules' tables
+TRANSPOSED_RULES = {"transposed": TILE_RULE, "per_group": PER_GROUP_RULE}
 
 # Split K of the transposed GEMMs: a grid (experts x n-blocks x m-programs) too small to fill the
 # GPU gets K split over more programs, up to this many resident on each SM (4-warp programs holding
@@ -82,6 +100,8 @@ MAX_PLANES_SPLIT_K = 8
 PATHS = {
     "planes": "transposed fp16 MMA (weights on M, rows on N) by nibble planes, unpacked in registers",
     "decode": "transposed bf16 MMA (weights on M, rows on N), int4 and FP8 converted exactly",
+    "folded": ("transposed fp16 MMA (weights on M, rows on N), the weight scales folded exactly into the "
+               "weights, FP8 activations read as fp16"),
     "transposed_fp8": "transposed FP8 MMA (weights on M, rows on N), int4 unpacked to FP8",
     "fp8": "FP8 MMA (rows on M), int4 unpacked to FP8",
 }
@@ -112,8 +132,9 @@ def gemm_tile(rows_per_expert: int, vendor: Optional[str], wgmma: bool = False,
     """The tile for experts expected to hold `rows_per_expert` rows on a GPU of `vendor` (None for
     the interpreter), with warpgroup MMA or not, under `rule` (one of RULES)."""
     cap = STAGES["amd"] if vendor == "amd" else None
-    if rule == "transposed":
-        for bound, (path, block_m, block_n, warps, stages) in TILE_RULE:
+    if rule in TRANSPOSED_RULES:
+        table = TRANSPOSED_RULES[rule if wgmma else "per_group"]
+        for bound, (path, block_m, block_n, warps, stages) in table:
             if bound is None or rows_per_expert <= bound:
                 if vendor == "amd":
                     block_m = max(block_m, MFMA_MIN_N)

@@ -15,6 +15,9 @@ FEEDS = {
              "w13_input_scale in registers before its MMA",
     "requant": "the requant op rewrites x to per-tensor FP8 with w13_input_scale, then GEMM 1 reads it",
 }
+# the requant feed on the folded path
+FOLDED_REQUANT_FEED = ("w4afp8's requant launch rewrites x to per-tensor FP8 values with "
+                       "w13_input_scale, written as fp16 for the fp16 MMA, then GEMM 1 reads it")
 # why each variant is the one that runs when it is
 WHY = {
     "requant": "default: on an H200 the fused feed was within 1% at 8 experts x 1-8 rows and "
@@ -28,7 +31,10 @@ WHY = {
 RULE_WHY = {
     "transposed": "tile rule 'transposed' (default): weights on the MMA's M side and the rows on "
                   "its N side: fp16 mma.sync on nibble planes unpacked in registers up to 16 rows, "
-                  "bf16 MMA with the lop3 unpack up to 64 and FP8 MMA beyond, as measured on an H200",
+                  "beyond an fp16 MMA on weights with their scales folded in, as measured on an H200",
+    "per_group": "tile rule 'per_group' (baseline of the folded path, and the rule for weights it "
+                 "cannot fold): as 'transposed' up to 16 rows, beyond each K group's MMA result scaled "
+                 "by its weight scale: bf16 MMA with the lop3 unpack up to 64 rows, FP8 MMA beyond",
     "rows_on_m": "tile rule 'rows_on_m' (baseline, the previous tiles): rows on the FP8 MMA's M "
                  "side, never below 64 rows on GPUs with warpgroup MMA",
 }
@@ -59,8 +65,12 @@ class W4AFp8Plan:
     def describe(self) -> str:
         live = "" if self.rows is None else f"{self.rows} rows on {self.live_experts} live experts; "
         requant = "" if self.requant is None else f"; requant: {self.requant.describe()}"
-        return (f"w4afp8 masked MoE, feed {self.variant}: {FEEDS[self.variant]} ({WHY[self.variant]}); "
-                f"{live}int4 g128 x {self.mma_dtype} MMA, fp32 accumulation scaled per K group of 128; "
+        folded = self.tile.path == "folded"
+        feed = FOLDED_REQUANT_FEED if folded and self.variant == "requant" else FEEDS[self.variant]
+        scales = ("the weight scales folded into the fp16 weights, one fp32 accumulation over K" if folded
+                  else "fp32 accumulation scaled per K group of 128")
+        return (f"w4afp8 masked MoE, feed {self.variant}: {feed} ({WHY[self.variant]}); "
+                f"{live}int4 g128 x {self.mma_dtype} MMA, {scales}; "
                 f"{RULE_WHY[self.rule]}: {self.tile.describe()}, sized for expected rows "
                 f"{self.expected_rows} of max_m "
                 f"{self.max_m}; grids {self.m_programs} x {self.gemm1_n_blocks} x {self.num_experts} "

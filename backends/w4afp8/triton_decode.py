@@ -1,16 +1,26 @@
-"""Decode GEMMs of the W4AFP8 masked MoE (a few rows per expert), run transposed: the weight tile is
-the MMA's M side and the expert's rows are its N side, so 16 rows fill an MMA and the weight stream
-is what each program spends its time on.
+"""Transposed GEMMs of the W4AFP8 masked MoE (17 rows per expert and more): the weight tile is the
+MMA's M side and the expert's rows are its N side, so 16 rows fill an MMA and the weight stream is
+what each program spends its time on at decode.
 
-Per K group of 128, a [BLOCK_N, 128] weight tile is unpacked to bf16 q - 8 and multiplied with the
-[128, BLOCK_M] activation tile converted from FP8 to bf16. Both conversions are exact (q - 8 has 4
-significant bits, e4m3 4), every product is exact in fp32, and the MMA accumulates the group in
-fp32; the group's partial sum is then scaled by its bf16 weight scale and added to the fp32
-accumulator, the same rounding points as the FP8 GEMMs of triton_kernels.py.
+Per K group of 128 a [BLOCK_N, 128] weight tile is unpacked from int4 and multiplied with the
+[128, BLOCK_M] activation tile converted from FP8. Two ways to apply the group's bf16 weight scale:
 
-On NVIDIA the unpack is Marlin's: lop3 places two nibbles into the mantissas of a bf16 pair 128 + q,
-one bf16x2 fma subtracts 136, so eight weights cost five instructions. Elsewhere (AMD, Triton's CPU
-interpreter) it shifts and masks; the interpreter's MMA runs in fp32 on the same values.
+- per group (FOLD False): the unpacked q - 8 (exact in bf16 and FP8) times the activations, one MMA
+  per group accumulating in fp32; the group's partial sum is then scaled by its weight scale and
+  added to the fp32 accumulator, the rounding points of the FP8 GEMMs of triton_kernels.py. The
+  scaling needs the MMA's result, so every group waits for its MMA.
+- folded (FOLD True): the weight tile is (q - 8) * s * 2^c in fp16, which is exact: |q - 8| <= 8
+  has at most 3 significant bits, s 8, so the product has at most 11, fp16's precision, as long as
+  it is normal, which `layer.fold_shift` makes sure of with the power of two 2^c (chosen once per
+  weight tensor, taken out again in the epilogue). e4m3 activations are exact in fp16 and each
+  product exact in fp32, so the MMAs chain on one fp32 accumulator over all of K and stay in
+  flight; the sums round at other points than per group (at every addition, never at a scale).
+
+On NVIDIA the unpack is Marlin's: lop3 places nibbles into the mantissas of a 16-bit float pair,
+bf16 128 + q or fp16 1024 + q, and one packed subtraction leaves q - 8 (folded: one packed multiply
+by the scale pair follows), so eight weights cost eleven instructions (folded: fifteen). Elsewhere
+(AMD, Triton's CPU interpreter) it shifts and masks; the interpreter's MMA runs in fp32 on the same
+values.
 
 The prepared weights are blocked by K group (int32 [E, K / 128, N, 16], triton_kernels.py), read
 here as int16: int16 i of a column's group holds its k = 4 i .. 4 i + 3, lowest nibble first.
@@ -63,17 +73,59 @@ def _unpack(packed, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     return w.to(DOT_DTYPE)
 
 
+# One int16 pair and one fp16 scale pair in, four fp16 pairs out: pair j holds nibble j of each
+# int16 as (q - 8) * scale. lop3 as above with fp16's 1024 (0x6400); 1024 + q - 1032 is exact, and
+# so is the product with the scale (layer.fold_shift keeps it an 11-bit normal fp16).
+_MAGIC_SCALED_UNPACK_PTX = tl.constexpr("""
+{
+.reg .b32 t, bias;
+mov.b32 bias, 0x64086408;
+lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 $0, $0, bias;
+sub.f16x2 $1, $1, bias;
+sub.f16x2 $2, $2, bias;
+sub.f16x2 $3, $3, bias;
+mul.rn.f16x2 $0, $0, $5;
+mul.rn.f16x2 $1, $1, $5;
+mul.rn.f16x2 $2, $2, $5;
+mul.rn.f16x2 $3, $3, $5;
+}
+""")
+
+
 @triton.jit
-def _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n, N,
-                   GROUP_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """(W[group, offs_n, :] @ a_t) * s[group, offs_n]: one group's scaled fp32 partial,
-    [BLOCK_N, BLOCK_M]. q_ptr is int16, GROUP_K / 4 per column and group."""
+def _unpack_scaled(packed, scale, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """int16 [R, G / 4] and fp32 [R] -> [R, G] of (q - 8) * scale in DOT_DTYPE, k = 4 i + nibble.
+    MAGIC: DOT_DTYPE is fp16."""
+    if MAGIC:
+        scales = tl.broadcast_to(scale.to(tl.float16)[:, None], packed.shape)
+        n0, n1, n2, n3 = tl.inline_asm_elementwise(
+            _MAGIC_SCALED_UNPACK_PTX, "=r,=r,=r,=r,r,r", [packed, scales],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+        w = tl.join(tl.join(n0, n2), tl.join(n1, n3))
+        return tl.reshape(w, (packed.shape[0], packed.shape[1] * 4))
+    return (_unpack(packed, False, tl.float32) * scale[:, None]).to(DOT_DTYPE)
+
+
+@triton.jit
+def _group_step(acc, q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n, N, scale_shift,
+                GROUP_K: tl.constexpr, MAGIC: tl.constexpr, FOLD: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """acc + W[group, offs_n, :] @ a_t with the group's weight scales, [BLOCK_N, BLOCK_M] fp32:
+    folded into the weights (times scale_shift) or applied to the group's fp32 partial (module
+    docstring). q_ptr is int16, GROUP_K / 4 per column and group."""
     halves = tl.arange(0, GROUP_K // 4)
     column = (group * N + offs_n).to(tl.int64) * (GROUP_K // 4)
     packed = tl.load(q_ptr + q_base + column[:, None] + halves[None, :], mask=live_n[:, None], other=0)
-    w = _unpack(packed, MAGIC, DOT_DTYPE)
     scale = tl.load(s_ptr + s_base + group * N + offs_n, mask=live_n, other=0.0).to(tl.float32)
-    return tl.dot(w, a_t) * scale[:, None]
+    if FOLD:
+        return tl.dot(_unpack_scaled(packed, scale * scale_shift, MAGIC, DOT_DTYPE), a_t, acc)
+    return acc + tl.dot(_unpack(packed, MAGIC, DOT_DTYPE), a_t) * scale[:, None]
 
 
 @triton.jit
@@ -123,11 +175,12 @@ def _collect(ws_ptr, slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit, expert,
-             offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION: tl.constexpr):
+             offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION: tl.constexpr, FP8: tl.constexpr):
     """GEMM 1's epilogue on a transposed [BLOCK_N, BLOCK_M] tile: the activation of the fp32 sums,
-    requantized to GEMM 2's FP8 input, stored for the live rows and columns."""
+    requantized to GEMM 2's FP8 input, stored for the live rows and columns (FP8 values in a
+    16-bit h where GEMM 2's MMA reads them so)."""
     act = _activation(gate * in_scale, up * in_scale, swiglu_alpha, swiglu_limit, ACTIVATION)
-    h = _requant(act, inv_out_scale, fp8_max, h_ptr.dtype.element_ty)
+    h = _requant(act, inv_out_scale, fp8_max, FP8).to(h_ptr.dtype.element_ty)
     out_rows = expert.to(tl.int64) * max_m + offs_m
     tl.store(h_ptr + out_rows[None, :] * inter + offs_n[:, None], h, mask=live_m[None, :] & live_n[:, None])
 
@@ -145,17 +198,21 @@ def _store_out(out_ptr, acc, in_scale, expert, offs_m, live_m, offs_n, live_n, m
 def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr,
                              out_scale_ptr, h_ptr, ws_ptr, counter_ptr, split_blocks, max_m, hidden,
                              inter, weight_rows, scale_stride_e, scale_stride_m, scale_stride_g,
-                             fp8_max, swiglu_alpha, swiglu_limit,
+                             fp8_max, swiglu_alpha, swiglu_limit, scale_shift,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr,
                              SPLIT_K: tl.constexpr, ACTIVATION: tl.constexpr,
-                             GROUP_SCALED: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                             GROUP_SCALED: tl.constexpr, MAGIC: tl.constexpr, FOLD: tl.constexpr,
+                             DOT_DTYPE: tl.constexpr, FP8: tl.constexpr):
     """h[e, r, n] = fp8(clamp(act(x[e, r] @ W13_e)[n] * (1 / s2))) for r < masked_m[e], n < inter.
     grid = (inter / BLOCK_N * SPLIT_K, m-programs, experts).
 
     SPLIT_K > 1 splits K over that many programs for the m-blocks below split_blocks (each
     m-program's first): each adds its fp32 partials into a zeroed workspace slot (2 per tile: gate,
     up) and counts itself in; the last to arrive applies the epilogue to the sums. Later m-blocks
-    (a hot expert's) are walked by split 0 alone over all of K."""
+    (a hot expert's) are walked by split 0 alone over all of K. FOLD: the weight scales are folded
+    into the fp16 weight tile times scale_shift, which the epilogue divides out. x (without
+    GROUP_SCALED) and h hold FP8 values (of dtype FP8), as FP8 or, for the fp16 MMA to read them
+    straight from memory, as fp16."""
     n_block = tl.program_id(0) // SPLIT_K
     split = tl.program_id(0) % SPLIT_K
     n_blocks = tl.num_programs(0) // SPLIT_K
@@ -165,6 +222,7 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
     in_scale = tl.load(in_scale_ptr).to(tl.float32)
     inv_in_scale = tl.math.div_rn(1.0, in_scale)
+    sums_scale = in_scale * tl.math.div_rn(1.0, scale_shift)  # a power of two: exact
     inv_out_scale = tl.math.div_rn(1.0, tl.load(out_scale_ptr).to(tl.float32))
     q_base = expert.to(tl.int64) * weight_rows * (hidden // 4)
     s_base = expert.to(tl.int64) * (hidden // GROUP_K) * weight_rows
@@ -181,11 +239,11 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
                 a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K,
                                     max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g,
                                     inv_in_scale, fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
-                gate += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
-                                       weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+                gate = _group_step(gate, q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                   weight_rows, scale_shift, GROUP_K, MAGIC, FOLD, DOT_DTYPE)
                 if ACTIVATION != 2:  # gated: the up columns are [inter, 2 inter)
-                    up += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter,
-                                         live_n, weight_rows, GROUP_K, MAGIC, DOT_DTYPE)
+                    up = _group_step(up, q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n + inter,
+                                     live_n, weight_rows, scale_shift, GROUP_K, MAGIC, FOLD, DOT_DTYPE)
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
@@ -197,17 +255,18 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
                         gate = _collect(ws_ptr, 2 * tile, BLOCK_N, BLOCK_M)
                         up = _collect(ws_ptr, 2 * tile + 1, BLOCK_N, BLOCK_M)
             if last:
-                _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit,
-                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION)
+                _store_h(h_ptr, gate, up, sums_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit,
+                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION, FP8)
 
 
 @triton.jit
 def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, out_ptr, ws_ptr,
-                             counter_ptr, split_blocks, max_m, inter, hidden, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                             MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                             counter_ptr, split_blocks, max_m, inter, hidden, scale_shift,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_K: tl.constexpr,
+                             SPLIT_K: tl.constexpr, MAGIC: tl.constexpr, FOLD: tl.constexpr,
+                             DOT_DTYPE: tl.constexpr):
     """out[e, r, n] = bf16((h[e, r] @ W2_e)[n] * s2) for r < masked_m[e].
-    grid = (hidden / BLOCK_N * SPLIT_K, m-programs, experts); SPLIT_K as in GEMM 1, one
+    grid = (hidden / BLOCK_N * SPLIT_K, m-programs, experts); SPLIT_K and FOLD as in GEMM 1, one
     workspace slot per tile."""
     n_block = tl.program_id(0) // SPLIT_K
     split = tl.program_id(0) % SPLIT_K
@@ -216,7 +275,7 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
     m_program = tl.program_id(1)
     expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
-    in_scale = tl.load(in_scale_ptr).to(tl.float32)
+    sums_scale = tl.load(in_scale_ptr).to(tl.float32) * tl.math.div_rn(1.0, scale_shift)
     q_base = expert.to(tl.int64) * hidden * (inter // 4)
     s_base = expert.to(tl.int64) * (inter // GROUP_K) * hidden
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -230,8 +289,8 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
             for group in range(split * groups // parts, (split + 1) * groups // parts):
                 a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
                                     inter, 0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
-                acc += _group_partial(q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
-                                      hidden, GROUP_K, MAGIC, DOT_DTYPE)
+                acc = _group_step(acc, q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
+                                  hidden, scale_shift, GROUP_K, MAGIC, FOLD, DOT_DTYPE)
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
@@ -241,7 +300,7 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
                     if last:
                         acc = _collect(ws_ptr, tile, BLOCK_N, BLOCK_M)
             if last:
-                _store_out(out_ptr, acc, in_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden)
+                _store_out(out_ptr, acc, sums_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden)
 
 
 def grid(m_programs: int, n: int, block_n: int, experts: int, split_k: int = 1) -> tuple:

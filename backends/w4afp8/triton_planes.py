@@ -284,7 +284,8 @@ def w4a8_planes_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
                         up = _ordered_sum(ws_ptr, tile, 1, 2, SPLIT_K, BLOCK_N, BLOCK_M)
             if last:
                 _store_h(h_ptr, gate, up, in_scale, inv_out_scale, fp8_max, swiglu_alpha, swiglu_limit,
-                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION)
+                         expert, offs_m, live_m, offs_n, live_n, max_m, inter, ACTIVATION,
+                         h_ptr.dtype.element_ty)
 
 
 @triton.jit

@@ -34,6 +34,9 @@ POINTERS = dict(a_ptr="*bf16", bias_ptr="*fp32", out_ptr="*bf16", sorted_routes_
                 block_expert_ptr="*i32", topk_weights_ptr="*fp32", topk_ids_ptr="*i32",
                 expert_map_ptr="*i32")
 FLOATS = ("swiglu_alpha", "swiglu_limit")
+# integer arguments that hold multiples of 16 for every CASES layer: a real launch specializes them
+# (and every pointer) as such, which lets Triton vectorize and pipeline the tile loads
+MULTIPLES_OF_16 = ("N", "K", "N_TOTAL", "stride_we", "stride_se", "group_size")
 
 
 def source(fmt: str, constexprs: dict):
@@ -41,7 +44,7 @@ def source(fmt: str, constexprs: dict):
     # the launch passes the weights where a 16-bit input has no scales and GEMM 1 writes no e4m3
     pointers = dict(POINTERS, w_ptr=weights, s_ptr=scales, a_scale_ptr=weights, out_scale_ptr=weights)
     types = {n: pointers.get(n, "fp32" if n in FLOATS else "i32") for n in moe_gemm_kernel.arg_names}
-    return ast_source(moe_gemm_kernel, types, constexprs)
+    return ast_source(moe_gemm_kernel, types, constexprs, MULTIPLES_OF_16)
 
 
 def gpu_target(gpu) -> GPUTarget:

@@ -169,6 +169,25 @@ def test_decode_path_rule():
         assert not c.gemm1.swap_ab and not c.gemm2.swap_ab  # on request only
 
 
+def test_w8a16_prefill_swaps_gemm1_where_wgmma_keeps_it_in_flight():
+    """128-row w8a16 blocks on sm_90: GEMM 1 swap-AB with one 128-wide scale block per K step,
+    GEMM 2 in the usual order; 64-row blocks, Blackwell and AMD keep the usual order, and an
+    explicit swap_ab still decides both GEMMs."""
+    fp8 = spec("fp8_block128")
+    h200 = hal.probe(profile="h200").gpus[0]
+    c = configs.choose(fp8, h200, 4096)
+    assert c.block_m == 128 and c.gemm1.swap_ab and not c.gemm2.swap_ab
+    assert c.gemm1.block_k == 128 and c.gemm1.group_m <= configs.W8A16_SWAP_GROUP_M
+    assert any("GEMM1 swap-AB" in r for r in c.reasons)
+    assert not configs.choose(fp8, h200, 512).gemm1.swap_ab  # 64-row blocks
+    assert not configs.choose(fp8, h200, 4096, swap_ab=False).gemm1.swap_ab
+    assert configs.choose(fp8, h200, 4096, swap_ab=True).gemm2.swap_ab
+    assert not configs.choose(fp8, h200, 4096, fp8_act=True).gemm1.swap_ab  # w8a8 prefill
+    assert not configs.choose(spec("bf16"), h200, 4096).gemm1.swap_ab
+    for profile in ("b200", "mi300x"):
+        assert not configs.choose(fp8, hal.probe(profile=profile).gpus[0], 4096).gemm1.swap_ab
+
+
 def test_fp8_act_on_request_needs_fp8_tensor_cores():
     a100 = GpuCaps(vendor="nvidia", arch="sm_80", sm_count=108, smem_per_block_optin=166912)
     assert not configs.choose(spec("fp8_block128"), a100, 4096, fp8_act=True).fp8_act

@@ -78,7 +78,8 @@ def test_formats_and_activations(fmt, activation, oracle, weights_for):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("M", [1, 300, 700])
 def test_token_counts(fmt, M, oracle, weights_for):
-    """M=1 (BLOCK_M 16), 300 (64 routes per expert: prefill tiles, w8a8 for fp8) and 700 (128)."""
+    """M=1 (BLOCK_M 16), 300 (64 routes per expert: prefill tiles) and 700 (128; fp8 on sm_90:
+    GEMM 1 swap-AB, GEMM 2 in the usual order)."""
     run_case(make_spec(fmt, bias=True), M, oracle, weights_for, seed=M)
 
 

@@ -19,6 +19,7 @@ from hal.testing.triton_aot import ast_source
 
 MAXNREG = re.compile(r"\.maxnreg (\d+)")
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+)")
+WGMMA_WAITS = re.compile(r"wgmma\.wait_group\.sync\.aligned (\d+)")
 
 
 # integer arguments that hold multiples of 16 in every real launch: Triton specializes them (and
@@ -34,13 +35,15 @@ def compile_all(target: str) -> list:
     gemm1 = dict(x_ptr=f"*{fp8}", x_scale_ptr="*fp32", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16",
                  in_scale_ptr="*fp32", out_scale_ptr="*fp32", h_ptr=f"*{fp8}", max_m="i32", hidden="i32",
                  inter="i32", weight_rows="i32", scale_stride_e="i32", scale_stride_m="i32",
-                 scale_stride_g="i32", fp8_max="fp32", swiglu_alpha="fp32", swiglu_limit="fp32")
+                 scale_stride_g="i32", fp8_max="fp32", swiglu_alpha="fp32", swiglu_limit="fp32",
+                 scale_shift="fp32")
     gemm2 = dict(h_ptr=f"*{fp8}", masked_m_ptr="*i32", q_ptr="*i32", s_ptr="*bf16", in_scale_ptr="*fp32",
-                 out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32")
+                 out_ptr="*bf16", max_m="i32", inter="i32", hidden="i32", scale_shift="fp32")
     results = []
-    # the default rule's decode, bf16 and FP8 tiles, and the rows-on-M baseline's smallest and largest
-    for rule, rows in (("transposed", 8), ("transposed", 48), ("transposed", 200), ("rows_on_m", 8),
-                       ("rows_on_m", 200)):
+    # the default rule's planes and folded tiles (per-group ones where there is no wgmma), the
+    # per-group rule's bf16 and FP8 tiles, and the rows-on-M baseline's smallest and largest
+    for rule, rows in (("transposed", 8), ("transposed", 48), ("transposed", 200), ("per_group", 48),
+                       ("per_group", 200), ("rows_on_m", 8), ("rows_on_m", 200)):
         tile = configs.gemm_tile(rows, "amd" if hip else "nvidia", wgmma=arch == "90", rule=rule)
         common = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_K=configs.GROUP_K)
         if tile.path == "planes":
@@ -49,16 +52,23 @@ def compile_all(target: str) -> list:
             halves = dict(q_ptr="*i32", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
             common.update(DOT_DTYPE=tl.float16, MAGIC=not hip, SPLIT_K=3)
         elif tile.transposed:
-            # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8 experts)
+            # int16 weight halves and a split-K workspace (K split in two, as on an H200 at 8
+            # experts); the folded path reads x and h as fp16
             module, prefix = triton_decode, "w4a8_decode_"
             halves = dict(q_ptr="*i16", ws_ptr="*fp32", counter_ptr="*i32", split_blocks="i32")
-            bf16 = tile.path == "decode"
-            common.update(DOT_DTYPE=tl.bfloat16 if bf16 else dot, MAGIC=bf16 and not hip, SPLIT_K=2)
+            fold = tile.path == "folded"
+            if fold:
+                halves.update(x_ptr="*fp16", h_ptr="*fp16")
+            sixteen = {"decode": tl.bfloat16, "folded": tl.float16}.get(tile.path)
+            common.update(DOT_DTYPE=sixteen or dot, MAGIC=sixteen is not None and not hip, SPLIT_K=2,
+                          FOLD=fold)
         else:
             module, prefix, halves = triton_kernels, "w4a8_", {}
             common.update(DOT_DTYPE=dot)
-        cases = [("gemm1", getattr(module, f"{prefix}gemm1_kernel"), {**gemm1, **halves},
-                  dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)),
+        first = dict(common, ACTIVATION=triton_kernels.ACTIVATION_CODES["silu"], GROUP_SCALED=True)
+        if module is triton_decode:
+            first.update(FP8=dot, GROUP_SCALED=tile.path != "folded")  # folded: the requant feed
+        cases = [("gemm1", getattr(module, f"{prefix}gemm1_kernel"), {**gemm1, **halves}, first),
                  ("gemm2", getattr(module, f"{prefix}gemm2_kernel"), {**gemm2, **halves}, common)]
         for name, fn, types, constexprs in cases:
             kernel = triton.compile(ast_source(fn, types, constexprs, MULTIPLES_OF_16), target=gpu,
@@ -66,6 +76,7 @@ def compile_all(target: str) -> list:
             asm = kernel.asm.get("amdgcn" if hip else "ptx", "")
             results.append(dict(kernel=name, rule=rule, path=tile.path, block_m=tile.block_m,
                                 shared=kernel.metadata.shared, mma=sorted(set(MMA.findall(asm))),
+                                wgmma_waits=sorted(set(map(int, WGMMA_WAITS.findall(asm)))),
                                 magic_unpack=asm.count("0x43004300") + asm.count("0x64006400"),
                                 maxnreg=int(m.group(1)) if (m := MAXNREG.search(asm)) else None))
     return results

@@ -125,17 +125,33 @@ def test_plans_say_which_feed_runs_and_why():
     assert (sixteen.tile.block_m, sixteen.tile.block_n, sixteen.tile.num_warps) == (16, 64, 2)
     assert sixteen.split_k == (2, 1)  # 256 two-warp programs of GEMM 1 fill half of 4 per SM
     baseline = kernel.baselines()["fused"]
-    assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant", "rows_on_m"}
+    assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant", "per_group", "rows_on_m"}
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
     assert "in registers" in fused_text and "baseline" in fused_text
+    # 17-32 rows: the per-group bf16 MMA; from 33 the weight scales are folded into fp16 weights,
+    # and w4afp8's own launch feeds GEMM 1 fp16 (the requant op's plan is not part of it)
     mid = kernel.plan(expected_rows=24, max_m=128)
     assert (mid.tile.path, mid.tile.block_m, mid.mma_dtype, mid.m_programs) == ("decode", 32, "bfloat16", 2)
+    assert "per K group" in mid.describe() and "requant tuned" in mid.describe()
+    folded = kernel.plan(expected_rows=48, max_m=128)
+    assert (folded.tile.path, folded.tile.block_m, folded.mma_dtype) == ("folded", 64, "float16")
+    folded_text = folded.describe()
+    assert "folded" in folded_text and "written as fp16" in folded_text and "requant tuned" not in folded_text
     assert kernel.plan(expected_rows=64, max_m=128).tile.block_m == 64  # the tile fits the estimate
-    assert kernel.plan(expected_rows=65, max_m=128).tile.path == "transposed_fp8"
     prefill = kernel.plan(expected_rows=256, max_m=512)
-    assert (prefill.tile.block_m, prefill.tile.num_warps, prefill.m_programs) == (256, 8, 2)
-    assert prefill.tile.path == "transposed_fp8" and prefill.mma_dtype == "float8_e4m3fn"
+    assert (prefill.tile.block_m, prefill.tile.block_n, prefill.tile.num_warps, prefill.m_programs) == \
+        (128, 128, 8, 4)
+    assert prefill.tile.path == "folded" and prefill.mma_dtype == "float16"
     assert prefill.split_k == (1, 1)
+    # the per-group rule (the folded path's baseline): bf16 MMA up to 64 rows, FP8 beyond
+    per_group = kernel.baselines()["per_group"]
+    assert per_group.plan(expected_rows=48, max_m=128).tile.path == "decode"
+    assert per_group.plan(expected_rows=65, max_m=128).tile.path == "transposed_fp8"
+    pg_prefill = per_group.plan(expected_rows=256, max_m=512)
+    assert (pg_prefill.tile.path, pg_prefill.mma_dtype) == ("transposed_fp8", "float8_e4m3fn")
+    assert "per K group" in pg_prefill.describe()
+    # weights whose scales cannot be folded take the per-group tile
+    assert kernel._launch(512, 256, foldable=False)[0] == pg_prefill.tile
     assert kernel.plan(max_m=48).m_programs == 1  # no estimate: sized for max_m
     # the previous tiles, kept as the baseline: rows on the FP8 MMA's M side, never below a
     # warpgroup MMA's 64 rows on sm_90, so the MMA stays FP8

@@ -1,6 +1,7 @@
 """The w4afp8 kernels compiled ahead of time for sm_90, sm_89 and gfx942 on any machine (Triton
 compiles without the GPU): the fp8 path must lower to FP8 matrix instructions, the decode path to
-bf16 ones (with the PTX unpack on NVIDIA only), and each fits a block's shared memory."""
+bf16 ones and the planes and folded paths to fp16 ones (with the PTX unpack on NVIDIA only), the
+folded path's wgmmas must stay in flight across K groups, and each fits a block's shared memory."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ def compiled(target: str) -> list:
 
 
 # path -> the MMA operand type each target's instructions name
-OPERANDS = {"planes": ("f16.f16", "f16"), "decode": ("bf16.bf16", "bf16"),
+OPERANDS = {"planes": ("f16.f16", "f16"), "decode": ("bf16.bf16", "bf16"), "folded": ("f16.f16", "f16"),
             "transposed_fp8": ("e4m3.e4m3", "fp8"), "fp8": ("e4m3.e4m3", "fp8")}
 
 
 def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_bf16_in_decode_and_fp16_mma_sync_in_planes():
     cases = compiled("cuda:90")
-    assert {c["path"] for c in cases} == {"planes", "decode", "transposed_fp8", "fp8"}
+    assert {c["path"] for c in cases} == {"planes", "decode", "folded", "transposed_fp8", "fp8"}
     for case in cases:
         assert case["shared"] <= MAX_SHARED, case
         if case["path"] == "planes":
@@ -39,12 +40,21 @@ def test_sm90_uses_fp8_wgmma_on_the_fp8_paths_bf16_in_decode_and_fp16_mma_sync_i
         elif case["path"] == "decode":
             assert any("wgmma" in m and "bf16.bf16" in m for m in case["mma"]), case
             assert case["magic_unpack"] > 0, case
+            # each group's result is scaled at once: every wait drains the MMAs
+            assert case["wgmma_waits"] == [0], case
+        elif case["path"] == "folded":
+            assert any("wgmma" in m and "f16.f16" in m and "bf16" not in m for m in case["mma"]), case
+            assert case["magic_unpack"] > 0, case
+            # the scales are in the weights: the loop waits for all but the newest group's MMA
+            assert max(case["wgmma_waits"]) >= 1, case
         else:
             assert any("wgmma" in m and "e4m3.e4m3" in m for m in case["mma"]), case
 
 
 def test_sm89_uses_fp8_mma_sync_on_the_fp8_paths():
-    for case in compiled("cuda:89"):
+    cases = compiled("cuda:89")
+    assert "folded" not in {c["path"] for c in cases}  # mma.sync is waited for anyway: per group
+    for case in cases:
         assert case["shared"] <= MAX_SHARED, case
         assert any(OPERANDS[case["path"]][0] in m for m in case["mma"]), case
 

@@ -110,7 +110,8 @@ def test_every_tile_and_odd_max_m(target, expected_rows):
 
 @pytest.mark.parametrize("expected_rows", [116, 200])
 def test_prefill_rows(target, expected_rows):
-    """The 128- and 256-row FP8 tiles; expert 0 walks two m-blocks of the 128-row tile."""
+    """The 128-row folded tile and, in the per-group baseline, the 128- and 256-row FP8 tiles;
+    expert 0 walks two m-blocks of the 128-row tiles."""
     run_both(spec_of(4), target, [256, 130, 0, 77], 256, expected_rows, seed=12)
 
 
@@ -156,5 +157,63 @@ def test_fused_feed_replays_in_a_cuda_graph(target):
     graph.replay()
     torch.cuda.synchronize()
     for e, m in enumerate(MASKS["decode"]):
+        assert torch.equal(graph_out[e, :m].view(torch.int16), eager[e, :m].view(torch.int16))
+        assert bool(is_poison(graph_out[e, m:]).all())
+
+
+@pytest.mark.parametrize("scales", ["tiny", "unfoldable"])
+def test_folded_path_scales(target, scales):
+    """The folded path (48 expected rows on sm_90) with weight scales near 2^-20, which need the
+    power-of-two shift to fold into normal fp16, and with one scale 2^-28 below the rest, which
+    cannot fold: those weights take the per-group tile. Both feeds against the oracle."""
+    spec = spec_of(4, hidden_size=2048, intermediate_size=512)
+    weights = weights_of(spec, target.device, 19)
+    if scales == "tiny":
+        weights = attrs.evolve(weights, w13_scale=weights.w13_scale * 2.0**-20,
+                               w2_scale=weights.w2_scale * 2.0**-20)
+    else:
+        w2_scale = weights.w2_scale.clone()
+        w2_scale.view(-1)[0] = w2_scale.view(-1)[1] * 2.0**-28
+        weights = attrs.evolve(weights, w2_scale=w2_scale)
+    kernel = kernels(spec, target)["requant"]
+    prepared = kernel.prepare_weights(weights)
+    assert prepared.data.foldable == (scales == "tiny")
+    counts = [60, 3, 0, 48]
+    x, scale, masked_m = random_masked_inputs(4, spec.hidden_size, 60, counts, seed=20, device=target.device,
+                                              fp8_dtype=kernel.fp8_dtype)
+    ref = oracle(spec, x, scale, masked_m, weights)
+    outs = {}
+    for name, k in kernels(spec, target).items():
+        out = poison(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
+        k(x, scale, masked_m, k.prepare_weights(weights), expected_rows=48, out=out)
+        torch.cuda.synchronize()
+        for e, m in enumerate(counts):
+            assert bool(is_poison(out[e, m:]).all()), f"{name}: expert {e}: a row >= masked_m was written"
+            if m:
+                err = rel_err(out[e, :m], ref[e, :m])
+                assert err <= ACCURACY, f"{name}: expert {e}: rel err {err:.2e}"
+        outs[name] = out
+    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
+    path = kernel._launch(60, 48, prepared.data.foldable)[0].path
+    assert path == ("folded" if scales == "tiny" else "decode")
+
+
+def test_folded_path_replays_in_a_cuda_graph(target):
+    """The folded path's three launches (w4afp8's requant to fp16, both GEMMs) captured."""
+    spec = spec_of(8)
+    kernel = kernels(spec, target)["requant"]
+    assert kernel.plan(expected_rows=40, max_m=64).tile.path == "folded"
+    prepared = kernel.prepare_weights(weights_of(spec, target.device, 21))
+    counts = [33, 30, 0, 32, 12, 64, 31, 29]
+    x, scale, masked_m = random_masked_inputs(8, spec.hidden_size, 64, counts, seed=22,
+                                              device=target.device, fp8_dtype=kernel.fp8_dtype)
+    eager = kernel(x, scale, masked_m, prepared, expected_rows=40, check=False)
+    graph_out = poison(torch.empty_like(eager))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel(x, scale, masked_m, prepared, expected_rows=40, out=graph_out, check=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    for e, m in enumerate(counts):
         assert torch.equal(graph_out[e, :m].view(torch.int16), eager[e, :m].view(torch.int16))
         assert bool(is_poison(graph_out[e, m:]).all())

@@ -122,8 +122,12 @@ def _int4_weights(spec, seed):
     return weights, layer.prepare(spec, weights, torch.device("cpu"))
 
 
-# (path, K splits): the FP8 GEMM, the transposed GEMM whole and split over 2 and 4 programs
-PATHS = [("fp8", 1), ("decode", 1), ("decode", 2), ("decode", 4), ("planes", 1), ("planes", 3), ("planes", 4)]
+# (path, K splits): the FP8 GEMM, the transposed GEMM whole and split over 2 and 4 programs, with
+# the scales per group and folded into the weights
+PATHS = [("fp8", 1), ("decode", 1), ("decode", 2), ("decode", 4), ("folded", 1), ("folded", 2),
+         ("planes", 1), ("planes", 3), ("planes", 4)]
+# the folded path reads x and h as fp16 holding FP8 values
+VALUES = {"folded": torch.float16}
 
 
 @pytest.mark.parametrize("path,split_k", PATHS)
@@ -145,7 +149,8 @@ def test_gemm2_unpacks_nibbles_and_scales_each_group(fp8, path, split_k):
     masked_m = torch.tensor(counts, dtype=torch.int32)
     out = poison(torch.empty(E, 21, H, dtype=torch.bfloat16))
     tile = configs.GemmTile(16, 64, 4, 2, path)
-    layer.gemm2(spec, h, masked_m, data, out, tile, 1, torch.float32, split_k=split_k)
+    layer.gemm2(spec, h.to(VALUES.get(path, fp8)), masked_m, data, out, tile, 1, torch.float32,
+                split_k=split_k)
     w2 = dequant.w2(spec, weights, torch.float64)
     a2 = float(weights.w2_input_scale)
     for e, m in enumerate(counts):
@@ -168,9 +173,10 @@ def test_gemm1_writes_the_contracts_fp8_within_one_step(path, split_k):
     weights, data = _int4_weights(spec, seed=13)
     counts = [20, 1, 0, 3]
     x, scale, masked_m = random_masked_inputs(E, 512, 20, counts, seed=14)
-    h = poison(torch.empty(E, 20, I, dtype=x.dtype))
+    h = poison(torch.empty(E, 20, I, dtype=VALUES.get(path, x.dtype)))
     tile = configs.GemmTile(16, 64, 4, 2, path)
-    layer.gemm1(spec, x, scale, masked_m, data, h, tile, 1, torch.float32, split_k=split_k)
+    layer.gemm1(spec, x, scale, masked_m, data, h, tile, 1, torch.float32, split_k=split_k,
+                fp8_dtype=x.dtype)
     xq = ops.requant_fp8(x, scale, masked_m, weights.w13_input_scale, torch.empty_like(x))
     a13, a2 = weights.w13_input_scale.double(), weights.w2_input_scale.float()
     w13 = dequant.w13(spec, weights, torch.float64)
@@ -178,8 +184,12 @@ def test_gemm1_writes_the_contracts_fp8_within_one_step(path, split_k):
         assert bool(is_poison(h[e, m:]).all())
         if not m:
             continue
+        live = h[e, :m]
+        if live.dtype != x.dtype:  # FP8 values held in fp16: exactly so
+            assert torch.equal(live.to(x.dtype).to(live.dtype), live)
+            live = live.to(x.dtype)
         act = ops.activation.apply(spec, (xq[e, :m].double() * a13) @ w13[e].T).float()
-        steps = (fp8_order(h[e, :m]) - fp8_order(ops.quantize_fp8(act, 1.0 / a2, x.dtype))).abs()
+        steps = (fp8_order(live) - fp8_order(ops.quantize_fp8(act, 1.0 / a2, x.dtype))).abs()
         assert int(steps.max()) <= 1 and float((steps > 0).float().mean()) < 0.05
 
 
@@ -200,3 +210,58 @@ def test_in_register_requant_rounds_like_torch():
     assert float(xq.float().abs().max()) == 448.0, "expected some values to saturate"
     layer.gemm1(spec, xq, None, masked_m, data, requant, tile, 1, torch.float32)
     assert torch.equal(fused.view(torch.uint8), requant.view(torch.uint8))
+
+
+def test_fold_shift_keeps_every_folded_weight_an_exact_fp16():
+    """The power of two puts every nonzero scale in [2^-14, 2^12] (so (q - 8) * s * 2^c is a normal
+    fp16 below 2^15 with at most 11 significant bits); scales spanning more than that cannot fold."""
+    from backends.w4afp8 import layer
+
+    uniform = torch.rand(64, generator=torch.Generator().manual_seed(1))
+    for top in (3e-3, 1.0, 7e4, 2.0**-30):
+        scales = (uniform * top + top / 8).to(torch.bfloat16)
+        shift = layer.fold_shift(scales)
+        assert shift is not None and shift == 2.0 ** round(torch.log2(torch.tensor(shift)).item())
+        folded = scales.double() * shift
+        assert float(folded.max()) <= layer.FOLDED_SCALE_MAX and float(folded.min()) >= layer.FP16_MIN_NORMAL
+        # every (q - 8) * s * 2^c survives fp16 unchanged
+        q = torch.arange(-8, 8, dtype=torch.float64)
+        products = (q[:, None] * folded[None, :]).flatten()
+        assert torch.equal(products.to(torch.float16).double(), products)
+    assert layer.fold_shift(torch.tensor([1.0, 2.0**-28], dtype=torch.bfloat16)) is None
+    assert layer.fold_shift(torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)) is None
+    assert layer.fold_shift(torch.zeros(4, dtype=torch.bfloat16)) == 1.0
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**-20])
+def test_folded_layer_both_feeds_match_the_oracle_and_each_other(magnitude):
+    """The folded path whole: w4afp8's requant launch writing fp16 (or the fused feed), GEMM 1 with
+    the scales folded into fp16 weights, h in fp16, GEMM 2, against the float64 oracle; weight
+    scales near 2^-20 need the power-of-two shift to stay normal fp16."""
+    from backends.w4afp8 import configs, layer
+
+    spec = spec_of()
+    weights = random_weights(spec, seed=21)
+    weights = attrs.evolve(weights, w13_scale=weights.w13_scale * magnitude,
+                           w2_scale=weights.w2_scale * magnitude)
+    data = layer.prepare(spec, weights, torch.device("cpu"))
+    assert data.foldable
+    counts = [20, 0, 3, 7]
+    x, scale, masked_m = random_masked_inputs(E, H, 20, counts, seed=22)
+    ref = oracle(spec, x, scale, masked_m, weights)
+    tile = configs.GemmTile(16, 64, 4, 2, "folded")
+    x16 = poison(torch.empty(x.shape, dtype=torch.float16))
+    layer.requant_to_f16(x, scale, masked_m, data, x16)
+    xq = ops.requant_fp8(x, scale, masked_m, weights.w13_input_scale, torch.empty_like(x))
+    for e, m in enumerate(counts):
+        assert torch.equal(x16[e, :m], xq[e, :m].to(torch.float16)) and bool(is_poison(x16[e, m:]).all())
+    outs = {}
+    for feed, (a, a_scale) in {"requant": (x16, None), "fused": (x, scale)}.items():
+        h = poison(torch.empty(E, 20, I, dtype=torch.float16))
+        layer.gemm1(spec, a, a_scale, masked_m, data, h, tile, 1, torch.float32, split_k=2,
+                    fp8_dtype=x.dtype)
+        out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
+        layer.gemm2(spec, h, masked_m, data, out, tile, 1, torch.float32)
+        check_live_rows(out, ref, masked_m)
+        outs[feed] = out
+    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
