@@ -3,7 +3,7 @@ and routing: CUDA graphs of one call per rotated input set for each side, sample
 (ours, peer, peer GEMMs, ours, ...), medians, ceilings measured in the same run.
 
     python benchmarks/triton_moe_peer.py [--peer DIR] [--cases qwen3-30b-a3b:bf16,...]
-        [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE] [--fp8-act]
+        [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE] [--fp8-act [w8a8|w8a8x2]]
     TRITON_INTERPRET=1 python benchmarks/triton_moe_peer.py --device cpu --cases tiny:bf16 --tokens 1,5
         (a check of the harness on CPU: the interpreter's figures mean nothing)
 
@@ -16,7 +16,9 @@ tiles in turn) where the rule picks the GEMV path or groups of blocks, `gemv` wh
 GEMV path over, `dot_scaled` for mxfp4 (the checkpoint layout through Triton's dot_scaled, and the
 GEMV where its rule takes it, on weights prepared for it); with --fp8-act (fp8 layers as w8a8),
 `w8a16` and the w8a8 GEMMs in the other operand order (`swap-AB` / `no swap-AB`), or `w8a8 GEMMs`
-where the rule keeps the w8a16 GEMV; ratios are peer time / ours (above 1: triton_moe is faster).
+where the rule keeps the w8a16 GEMV; where fp8 runs as w8a8x2 (two e4m3 terms per activation:
+by the rule, or with --fp8-act w8a8x2), `w8a16` and `w8a8` (one term); ratios are peer time / ours
+(above 1: triton_moe is faster).
 roof: the floor time (the touched experts' bytes at the copy rate, or the FLOPs at the matmul rate
 of the format: fp8 dots at torch._scaled_mm's rate, the rest at bf16's) over the median.
 """
@@ -66,6 +68,7 @@ DEFAULT_TOKENS = (1, 8, 64, 512, 4096)
 ROTATE = 8  # input sets per graph: consecutive calls route to different experts
 MIN_SAMPLE_S = 0.004  # each sample replays a graph at least this long
 FP8_MATMUL_N = 8192
+FP8_ACT = {"w8a8": True, "w8a8x2": "x2"}  # --fp8-act -> TritonMoEKernel(fp8_act=...)
 
 
 def device_weights(spec, seed: int, device) -> MoEWeights:
@@ -160,15 +163,15 @@ class Row:
 
 
 def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log,
-             fp8_act: bool = False):
+             fp8_act=None):
     device = target.device
     from peer_fused_moe import PeerFusedMoE  # benchmarks/ is on sys.path when run as a script
 
     preset, ours_fmt, peer_fmt, overrides = CASES[name]
     spec = presets.get(preset).spec(ours_fmt, **overrides)
     weights = device_weights(spec, 7, device)
-    w8a8 = fp8_act and ours_fmt == "fp8_block128"
-    kernel = TritonMoEKernel(spec, target, fp8_act=True) if w8a8 else TritonMoEKernel(spec, target)
+    w8a8 = fp8_act is not None and ours_fmt == "fp8_block128"
+    kernel = TritonMoEKernel(spec, target, fp8_act=fp8_act) if w8a8 else TritonMoEKernel(spec, target)
     prepared = kernel.prepare_weights(weights)
     # The rule's alternatives (the weights are prepared the same way for every variant but mxfp4's
     # checkpoint-layout path, which gets its own).
@@ -178,11 +181,15 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     if ours_fmt == "mxfp4":
         grouped = {"dot_scaled": TritonMoEKernel(spec, target, mxfp4_path="dot_scaled")}
         own_prepared["dot_scaled"] = grouped["dot_scaled"].prepare_weights(weights)
+    if ours_fmt == "fp8_block128":  # the other numerics of fp8 weights, where the rule takes w8a8x2
+        grouped.update(w8a16=TritonMoEKernel(spec, target, fp8_act=False),
+                       w8a8=TritonMoEKernel(spec, target, fp8_act=True))
     if w8a8:
-        grouped = {"w8a16": TritonMoEKernel(spec, target),
-                   "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=True, gemv=False),
-                   "swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=True),
-                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=True, swap_ab=False)}
+        grouped = {"w8a16": TritonMoEKernel(spec, target, fp8_act=False),
+                   "w8a8": TritonMoEKernel(spec, target, fp8_act=True),
+                   "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=fp8_act, gemv=False),
+                   "swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=True),
+                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=False)}
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
@@ -223,7 +230,9 @@ def run_point(name, tokens, spec, weights, kernel, prepared, alternatives, own_p
     sides = {"ours": calls_of(kernel, prepared, "ours")}
     chosen = kernel.plan(tokens).config
     alts = []
-    if chosen.fp8_act:
+    if chosen.fp8_act and chosen.act_terms == 2:
+        alts = ["w8a16", "w8a8"]  # the other numerics of fp8 weights
+    elif chosen.fp8_act:
         # w8a16's numerics, and the other operand order of the w8a8 GEMMs.
         alts = ["w8a16", "no swap-AB" if chosen.gemm1.swap_ab else "swap-AB"]
     elif kernel.fp8_act and spec.weight_format == "fp8_block128":
@@ -308,13 +317,14 @@ def main(argv=None) -> int:
                         help="start no new point after this many seconds")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--fp8-act", action="store_true",
-                        help="run fp8_block128 as w8a8 (fp8_act=True); w8a16 and the other operand "
-                             "order are timed beside it")
+    parser.add_argument("--fp8-act", nargs="?", const="w8a8", choices=FP8_ACT,
+                        help="run fp8_block128 as w8a8 (fp8_act=True; w8a16 and the other operand "
+                             "order timed beside it) or w8a8x2 (fp8_act='x2'; w8a16 and w8a8 beside it)")
     parser.add_argument("--warm-only", action="store_true",
                         help="compile and run every side once, time nothing (fills Triton's cache, so "
                              "several processes can compile the cases in parallel before a timed run)")
     args = parser.parse_args(argv)
+    fp8_act = FP8_ACT.get(args.fp8_act)
     cases = args.cases.split(",")
     for case in cases:
         if case not in CASES:
@@ -329,7 +339,7 @@ def main(argv=None) -> int:
     target = Target(device, hal.probe(deep=device != "cpu"))
     if args.warm_only:
         for case in cases:
-            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout, args.fp8_act)
+            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout, fp8_act)
         return 0
     ceil = ceiling_probe.measure("cpu" if device == "cpu" else "cuda")
     fp8_rate = fp8_matmul_tflops(device, ceil.bf16_tflops)
@@ -345,7 +355,7 @@ def main(argv=None) -> int:
             continue
         try:
             rows += run_case(case, tokens, args.peer, target, ceil, fp8_rate, args.iters, deadline,
-                             sys.stdout, args.fp8_act)
+                             sys.stdout, fp8_act)
         except Exception as exc:  # one failing case is reported; the others still run
             print(f"# {case}: failed: {type(exc).__name__}: {exc}", flush=True)
     if args.peer:

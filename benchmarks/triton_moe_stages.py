@@ -2,7 +2,7 @@
 timed alone, then the whole call under alternative configs, on public MoE layers. CUDA graphs of
 one call per rotated input set (as `hal bench moe`), medians.
 
-    python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8]
+    python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8x2]
                                            [--sweep]
 """
 
@@ -61,6 +61,18 @@ W8A16_PREFILL_CANDIDATES = (
     (64, (128, 128, 4, 3, True, 8), (128, 128, 4, 3, True, 8)),
     (128, (64, 128, 8, 3, True, 16), (128, 128, 8, 3, True, 16)),
     (64, (64, 128, 4, 4, True, 16), (128, 128, 4, 4, True, 16)),
+    # 64-row blocks, GEMM 1 alone swapped with 8 warps (4 spill registers there), GEMM 2 as the rule
+    (64, (128, 128, 8, 3, True, 8), (128, 64, 4, 4, False, 16)),
+    (64, (128, 64, 8, 4, True, 8), (128, 64, 4, 4, False, 16)),
+    (64, (128, 128, 8, 4, True, 16), (128, 64, 4, 4, False, 16)),
+)
+# w8a16 at decode: swap-AB puts the scaled weights in wgmma's M (64 rows at least) and the block's
+# few rows in its N, instead of 16-row mma.sync tiles with the weights stored to shared memory.
+W8A16_DECODE_CANDIDATES = (
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 3, True)),
+    (16, (64, 128, 4, 4, True), (64, 128, 4, 4, False)),
+    (16, (64, 128, 4, 4), (64, 128, 4, 4)),
 )
 DECODE_CANDIDATES = (
     (16, (32, 256, 4, 3), (32, 256, 4, 3)),
@@ -71,10 +83,12 @@ DECODE_CANDIDATES = (
 
 
 def parse_point(point: str):
-    """model:format:tokens[:w8a8] -> (spec, tokens, fp8_act); deepseek-v3 runs as one EP8 rank."""
+    """model:format:tokens[:w8a8|:w8a8x2] -> (spec, tokens, fp8_act); deepseek-v3 runs as one EP8
+    rank."""
     model, fmt, tokens, *mode = point.split(":")
     overrides = {"num_local_experts": 32} if model == "deepseek-v3" else {}
-    return presets.get(model).spec(fmt, **overrides), int(tokens), (True if mode == ["w8a8"] else None)
+    fp8_act = {(): None, ("w8a8",): True, ("w8a8x2",): "x2"}[tuple(mode)]
+    return presets.get(model).spec(fmt, **overrides), int(tokens), fp8_act
 
 
 def _median_us(calls) -> float:
@@ -111,7 +125,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     target = Target("cuda:0", hal.probe(deep=True))
     print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| point | config | quantize x | grouping | gemm1 | gemm2 | top_k_sum | call (us) |")
+    print("| point | config | quantize x | grouping | gemm1 (GEMV 1) | gemm2 (GEMV 2 + top-k sum) "
+          "| top_k_sum | call (us) |")
     print("|---|---|---|---|---|---|---|---|")
     for point in args.points.split(","):
         spec, tokens, fp8_act = parse_point(point)
@@ -125,8 +140,9 @@ def main(argv=None) -> int:
         if args.sweep:
             if rule.fp8_act:
                 candidates += list(W8A8_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A8_DECODE_CANDIDATES)
-            elif spec.weight_format == "fp8_block128" and rule.block_m >= 64:
-                candidates += list(W8A16_PREFILL_CANDIDATES)
+            elif spec.weight_format == "fp8_block128":
+                fp8_candidates = W8A16_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A16_DECODE_CANDIDATES
+                candidates += list(fp8_candidates)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
         for candidate in candidates:
@@ -140,7 +156,9 @@ def main(argv=None) -> int:
                 continue
             grouping = t.get("align", t.get("count_routes", 0.0) + t.get("scatter_routes", 0.0))
             print(f"| {point} | {label} | {t.get('quantize_x', 0.0):.1f} | {grouping:.1f} | "
-                  f"{t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['top_k_sum']:.1f} | {t['call']:.1f} |",
+                  f"{t.get('gemm1', t.get('gemv1', 0.0)):.1f} | "
+                  f"{t.get('gemm2', t.get('gemv2_top_k_sum', 0.0)):.1f} | {t.get('top_k_sum', 0.0):.1f} | "
+                  f"{t['call']:.1f} |",
                   flush=True)
         kernel._configs.clear()
         del prepared, weights, sets

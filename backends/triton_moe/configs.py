@@ -21,7 +21,11 @@ no Triton), so it is tested on recorded profiles anywhere.
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
   DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores;
   its tiles (`_gemm_w8a8`) take whole 128-column scale groups per K step and, at prefill, per N
-  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there).
+  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there). fp8_act="x2"
+  holds each activation as two e4m3 terms (the second quantizes what the first leaves, with its own
+  per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step: about 1e-3 off
+  the oracle, within the contract. On GPUs with wgmma the rule takes it by default where blocks are
+  at most 32 rows and every local expert expects a route (W8A8X2_MAX_BLOCK_M).
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from typing import Optional
 import attrs
 
 FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
+# fp8_act values other than None: w8a16, w8a8, w8a8 with two e4m3 terms per activation.
+FP8_ACT_VALUES = (False, True, "x2")
+FP8_ACT_NAMES = {1: "w8a8", 2: "w8a8x2"}
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
@@ -71,6 +78,17 @@ MAX_GROUP_M = 16
 # swapped config ran slower (483.7 us at best against 303.1).
 W8A16_SWAP_MIN_BLOCK_M = 128
 W8A16_SWAP_GROUP_M = 8
+# fp8 weights by default on GPUs with wgmma: w8a8x2 (two e4m3 terms per activation, within the
+# contract) where blocks are at most 32 rows and each local expert expects a route, else w8a16.
+# There w8a16's conversion of every weight tile to bf16 in registers costs more than a second fp8
+# dot. On the H200 (benchmarks/triton_moe_peer.py --fp8-act w8a8x2, w8a16 timed beside it): 64
+# tokens, BLOCK_M 16: deepseek-v3's EP rank 330.0 us against 369.6, kimi-k2's 426.1 against
+# 442.9, qwen3-235b-a22b 605.1 against 673.7, qwen3-30b-a3b 178.6 against 191.5; 512 tokens on
+# the EP ranks (BLOCK_M 32): 547.1 against 604.6 and 735.5 against 882.8. At 8 tokens (under one
+# route per expert) the two were within 5% either way; at BLOCK_M 64 x2 ran 1.4-1.5x slower
+# (qwen3-235b-a22b at 512 tokens 1611.9 against 1130.6).
+W8A8X2_MAX_BLOCK_M = 32
+W8A8X2_MIN_ROUTES_PER_EXPERT = 1.0
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
@@ -129,13 +147,16 @@ class LaunchConfig:
     # w8a8: GEMM 1's output written as e4m3 + scales by its epilogue (else stored in 16 bits and
     # quantized in GEMM 2's registers). The layer's input is quantized by one launch before GEMM 1.
     h_fp8: bool = False
+    # w8a8: e4m3 terms per activation (2: a high and a low term, each with its own scales).
+    act_terms: int = 1
 
     def describe(self) -> str:
         if self.gemv1 is not None:
             return f"GEMV1 [{self.gemv1.describe()}] GEMV2 + top-k sum [{self.gemv2.describe()}]"
         mode = ""
         if self.fp8_act:
-            mode = " w8a8, h " + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2")
+            mode = (f" {FP8_ACT_NAMES[self.act_terms]}, h "
+                    + ("e4m3 from GEMM1's epilogue" if self.h_fp8 else "quantized in GEMM2"))
         return (f"BLOCK_M {self.block_m}; GEMM1 [{self.gemm1.describe()}] GEMM2 [{self.gemm2.describe()}]"
                 f"{mode}")
 
@@ -273,8 +294,9 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
            swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED_MXFP4,
            grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
-    w8a8 on fp8 weights (the rule keeps w8a16 where the GEMV path is faster, see below), False or
-    None keeps w8a16; gemv=False keeps the grouped
+    w8a8 on fp8 weights, "x2" for w8a8 with two e4m3 terms per activation (the rule keeps w8a16
+    where the GEMV path is faster, see below), False for w8a16; None leaves it to the rule (w8a8x2
+    on GPUs with wgmma at blocks of at most W8A8X2_MAX_BLOCK_M rows, else w8a16); gemv=False keeps the grouped
     GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
     few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
     dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
@@ -294,6 +316,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     fp8 = spec.weight_format == "fp8_block128"
     # The interpreter (no GPU) runs fp8 dots in software.
     fp8_mma = gpu is None or _has_fp8_mma(gpu)
+    x2_by_rule = (fp8 and fp8_act is None and gpu is not None and gpu.features.wgmma and fp8_mma
+                  and block_m <= W8A8X2_MAX_BLOCK_M and per_expert >= W8A8X2_MIN_ROUTES_PER_EXPERT)
+    if x2_by_rule:
+        fp8_act = "x2"
+    act_terms = 2 if fp8_act == "x2" else 1
     if fp8 and fp8_act and not fp8_mma:
         reasons.append("w8a8 asked for, but this GPU has no fp8 tensor cores: w8a16")
     fp8_act = fp8 and bool(fp8_act) and fp8_mma
@@ -302,11 +329,17 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         # (21.5 with the input quantized by the launch, timed alone), kimi-k2's 14.7 against 24.1.
         fp8_act = False
         reasons.append("w8a8 asked for, but with this few routes the w8a16 GEMV (more accurate) is faster")
+    elif fp8_act and act_terms == 2:
+        why = (f"BLOCK_M {block_m} with a route per local expert: a second fp8 dot costs less than "
+               "converting every weight tile to 16 bits" if x2_by_rule else "asked for")
+        reasons.append(f"w8a8x2 ({why}): each activation as two e4m3 terms per row and 128 columns (the "
+                       "second quantizes what the first leaves), two fp8 x fp8 dots per K step, within the "
+                       "1e-2 contract")
     elif fp8_act:
         reasons.append("w8a8 asked for: fp8 activations quantized per row and 128 columns, fp8 x fp8 dots")
     elif fp8:
         reasons.append("w8a16: e4m3 weights converted in registers, 16-bit activations keep the 1e-2 "
-                       "contract (w8a8 is asked for with fp8_act=True)")
+                       "contract (w8a8, about 4% off, is asked for with fp8_act=True)")
     a_bits = 8 if fp8_act else 16
     tiles_1 = 2 if spec.gated else 1
     if fp8_act:
@@ -355,7 +388,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
         # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
         # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
         # rank at 8 tokens 69.1 against 48.2 us).
-        reasons.append("w8a8: x quantized once by a launch; h "
+        reasons.append(f"{FP8_ACT_NAMES[act_terms]}: x quantized once by a launch; h "
                        + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
@@ -381,7 +414,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
                            "topk_ids by the GEMMs, no grouping launch")
         return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route,
-                            h_fp8=h_fp8)
+                            h_fp8=h_fp8, act_terms=act_terms if fp8_act else 1)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)
     gemv2 = _gemv(spec.hidden_size, spec.intermediate_size, bucket, spec.weight_format, sms)
     reasons = [r for r in reasons if "w8a" in r]

@@ -12,7 +12,7 @@ captured in a CUDA graph."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import attrs
 import torch
@@ -120,10 +120,12 @@ def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torc
 class TritonMoEKernel(MoEKernel):
     backend = NAME
 
-    def __init__(self, spec, target, *, fp8_act: Optional[bool] = None, dot_f32: Optional[bool] = None,
-                 mxfp4_path: Optional[str] = None, gemv: Optional[bool] = None,
-                 swap_ab: Optional[bool] = None, grouped_n: bool = True):
-        """fp8_act=True runs fp8 weights as w8a8 (see configs; the default is w8a16). dot_f32 feeds the
+    def __init__(self, spec, target, *, fp8_act: Union[bool, str, None] = None,
+                 dot_f32: Optional[bool] = None, mxfp4_path: Optional[str] = None,
+                 gemv: Optional[bool] = None, swap_ab: Optional[bool] = None, grouped_n: bool = True):
+        """fp8_act=True runs fp8 weights as w8a8, "x2" as w8a8 with each activation held as two e4m3
+        terms, False as w8a16; None leaves it to the rule (see configs: w8a8x2 or w8a16, both within
+        the contract). dot_f32 feeds the
         dots fp32 operands: the Triton interpreter's 16-bit dot is wrong, so it defaults to on
         there and off on a GPU. mxfp4_path: "repacked" (the default: weights repacked by
         prepare_weights, decoded exactly with integer operations, plain dots, the GEMMs at every
@@ -136,6 +138,8 @@ class TritonMoEKernel(MoEKernel):
         H200), False never. grouped_n=False walks each block's N tiles in turn at prefill too (the
         rule groups blocks)."""
         super().__init__(spec, target)
+        if fp8_act is not None and fp8_act not in configs.FP8_ACT_VALUES:
+            raise ValueError(f"fp8_act={fp8_act!r} is not allowed: expected None, False, True or 'x2'")
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
         if mxfp4_path not in (None, *MXFP4_PATHS):
@@ -146,7 +150,7 @@ class TritonMoEKernel(MoEKernel):
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
         if fp8_act is not None:
-            self.variant = "w8a8" if fp8_act else "w8a16"
+            self.variant = {False: "w8a16", True: "w8a8", "x2": "w8a8x2"}[fp8_act]
         elif mxfp4_path is not None:
             self.variant = mxfp4_path
         self._gpu = None
@@ -157,7 +161,8 @@ class TritonMoEKernel(MoEKernel):
         if self.variant != "default":
             return {}
         if self.spec.weight_format == "fp8_block128":
-            return {"w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+            return {"w8a16": TritonMoEKernel(self.spec, self.target, fp8_act=False),
+                    "w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
         if self.spec.weight_format == "mxfp4" and not self.dot_f32:
             other = "bits" if self.mxfp4_path == "dot_scaled" else "dot_scaled"
             return {other: TritonMoEKernel(self.spec, self.target, mxfp4_path=other)}
@@ -184,7 +189,8 @@ class TritonMoEKernel(MoEKernel):
             path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
         if self.spec.weight_format == "fp8_block128":
-            path += ", fp8 x fp8 dots" if config.fp8_act else ", converted to 16 bits in registers"
+            path += ((", two fp8 x fp8 dots per K step" if config.act_terms == 2 else ", fp8 x fp8 dots")
+                     if config.fp8_act else ", converted to 16 bits in registers")
         quantize = int(config.fp8_act)
         if config.per_route:
             return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1 + quantize, path)
@@ -227,9 +233,10 @@ class TritonMoEKernel(MoEKernel):
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
               topk_weights, ids, id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int,
               gate_stride: int, up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool,
-              per_route: bool, scale_high: bool):
+              act_terms: int, per_route: bool, scale_high: bool):
         """One expert GEMM launch. a_scale: the e4m3 input's scales (None: a is 16-bit, quantized in
-        registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype)."""
+        registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype);
+        act_terms: e4m3 terms per quantized activation (each row holds them one after another)."""
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
@@ -243,7 +250,7 @@ class TritonMoEKernel(MoEKernel):
             float(spec.swiglu_alpha), float(spec.swiglu_limit),
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
-            A_FP8=fp8_act and fmt == "fp8_block128", A_QUANTIZED=a_scale is not None,
+            A_FP8=fp8_act and fmt == "fp8_block128", A_TERMS=act_terms, A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", MXFP4_REPACKED=self._mxfp4_repacked(),
             SCALE_HIGH=scale_high,
@@ -318,19 +325,21 @@ class TritonMoEKernel(MoEKernel):
         # GEMM 1's output: a row per padded row of the blocks, or per route where each is a block.
         h_rows = routes if per_route else max_padded
         fp8 = data.w13.dtype
-        h = torch.empty(h_rows, I, dtype=fp8 if config.h_fp8 else x.dtype, device=device)
-        h_scale = (torch.empty(h_rows, math.ceil(I / FP8_GROUP), dtype=torch.float32, device=device)
+        terms = config.act_terms
+        h = (torch.empty(h_rows, terms * I, dtype=fp8, device=device) if config.h_fp8
+             else torch.empty(h_rows, I, dtype=x.dtype, device=device))
+        h_scale = (torch.empty(h_rows, terms * math.ceil(I / FP8_GROUP), dtype=torch.float32, device=device)
                    if config.h_fp8 else None)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
         x_q, x_scale = x, None
         if config.fp8_act:
-            x_q = torch.empty(M, H, dtype=fp8, device=device)
-            x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
+            x_q = torch.empty(M, terms * H, dtype=fp8, device=device)
+            x_scale = torch.empty(M, terms * math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
 
         def quantize_x():
             groups = math.ceil(H / FP8_GROUP)
             quantize_groups_kernel[(M, triton.cdiv(groups, QUANT_GROUPS_PER_PROGRAM))](
-                x, x_q, x_scale, H, groups, GROUPS=QUANT_GROUPS_PER_PROGRAM)
+                x, x_q, x_scale, H, groups, GROUPS=QUANT_GROUPS_PER_PROGRAM, TERMS=terms)
 
         block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
 
@@ -360,13 +369,13 @@ class TritonMoEKernel(MoEKernel):
         def gemm1():
             self._gemm(True, x_q, x_scale, data.w13, data.s13, data.b13, h, h_scale, sorted_routes,
                        block_expert, weights, ids, id_map, has_map, routes, I, H, spec.w13_rows,
-                       data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, per_route,
+                       data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, terms, per_route,
                        data.scale_high)
 
         def gemm2():
             self._gemm(False, h, h_scale, data.w2, data.s2, data.b2, y, None, sorted_routes, block_expert,
                        weights, ids, id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2,
-                       config.fp8_act, per_route, data.scale_high)
+                       config.fp8_act, terms, per_route, data.scale_high)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](

@@ -26,7 +26,8 @@ class TritonMoEPlan:
         grouping = (f"one BLOCK_M {c.block_m} block per route (grid {self.max_blocks})" if c.per_route else
                     f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks})")
         if c.fp8_act:
-            grouping = "quantize x to e4m3 per 128 columns -> " + grouping
+            terms = "two e4m3 terms" if c.act_terms == 2 else "e4m3"
+            grouping = f"quantize x to {terms} per 128 columns -> " + grouping
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                 f"{grouping} -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "

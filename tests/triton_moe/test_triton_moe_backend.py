@@ -74,7 +74,7 @@ def test_every_reason_is_collected(monkeypatch):
 
 def _stage_bytes(config, gemm, tiles, fmt):
     bits = {"bf16": 16, "fp8_block128": 8, "mxfp4": 4, "int4_g128": 4}[fmt]
-    a_bits = 8 if config.fp8_act else 16
+    a_bits = 8 * config.act_terms if config.fp8_act else 16
     return config.block_m * gemm.block_k * a_bits / 8 + tiles * gemm.block_n * gemm.block_k * bits / 8
 
 
@@ -90,7 +90,9 @@ def test_config_rule_is_valid_everywhere(profile, model):
         for tokens in (0, 1, 8, 64, 512, 4096, 65536):
             c = configs.choose(s, gpu, tokens)
             assert c.block_m in (16, 32, 64, 128)
-            assert c.fp8_act is False  # w8a8 only on request
+            if c.fp8_act:  # by the rule: w8a8x2, fp8 weights on GPUs with wgmma at small blocks
+                assert fmt == "fp8_block128" and gpu.features.wgmma and c.act_terms == 2
+                assert c.block_m <= configs.W8A8X2_MAX_BLOCK_M
             for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
                 assert gemm.block_n in (32, 64, 128) and gemm.num_warps in (4, 8)
                 assert gemm.block_k >= (64 if fmt == "mxfp4" else 32)
@@ -128,6 +130,24 @@ def test_w8a8_rule_is_valid_everywhere(profile, model):
             assert 2 <= gemm.num_stages <= 4
             assert gemm.block_n >= (configs.W8A8_DECODE_MIN_BLOCK_N if decode else 32)
             assert _stage_bytes(c, gemm, tiles, "fp8_block128") * gemm.num_stages <= gpu.smem_per_block_optin
+
+
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+def test_fp8_default_is_w8a8x2_at_small_blocks_on_wgmma_gpus(profile):
+    """fp8 weights without fp8_act: two e4m3 terms per activation where blocks are 16 or 32 rows
+    and every local expert expects a route (qwen3-30b-a3b at 64 tokens, deepseek-v3's EP rank at
+    512), w8a16 below a route per expert (8 tokens), at 64-row blocks and on GPUs without wgmma;
+    fp8_act=False keeps w8a16 there too."""
+    gpu = hal.probe(profile=profile).gpus[0]
+    qwen = presets.get("qwen3-30b-a3b").spec("fp8_block128")
+    ep_rank = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
+    x2 = {(s.num_local_experts or s.num_experts, t): configs.choose(s, gpu, t).act_terms == 2
+          for s in (qwen, ep_rank) for t in (8, 64, 512)}
+    expected = gpu.features.wgmma
+    assert x2 == {(128, 8): False, (128, 64): expected, (128, 512): False,
+                  (32, 8): False, (32, 64): expected, (32, 512): expected}
+    forced = configs.choose(qwen, gpu, 64, fp8_act=False)
+    assert not forced.fp8_act and forced.act_terms == 1
 
 
 def test_w8a8_asked_for_keeps_the_gemv_for_few_routes():
