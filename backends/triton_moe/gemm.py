@@ -203,20 +203,16 @@ def _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
     A_TERMS 2 (w8a8 with each activation held as two e4m3 terms): a quantized row of `a` is its
     high terms, then its low terms (K each), a row of a_scale their scales likewise."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    two_terms: tl.constexpr = A_QUANTIZED and A_TERMS == 2
-    if two_terms:  # rows twice as long: 64-bit offsets
-        row_ptr = a_ptr + a_rows[:, None].to(tl.int64) * (2 * K)
-        scale_row = a_scale_ptr + a_rows.to(tl.int64) * (2 * scale_cols) + k0 // 128
-    else:
-        row_ptr = a_ptr + a_rows[:, None] * K
-        scale_row = a_scale_ptr + a_rows * scale_cols + k0 // 128
+    terms: tl.constexpr = A_TERMS if A_QUANTIZED else 1  # e4m3 terms per value in a row of `a`
+    row_ptr = a_ptr + a_rows[:, None] * (K * terms)
+    scale_row = a_scale_ptr + a_rows * (scale_cols * terms) + k0 // 128
     k_ok = live[:, None] & (offs_k[None, :] < K)
     a = tl.load(row_ptr + offs_k[None, :], mask=k_ok, other=0.0)
     a_scale = tl.zeros([a.shape[0]], dtype=tl.float32)
     a_lo, a_lo_scale = a, a_scale
     if A_QUANTIZED:
         a_scale = tl.load(scale_row, mask=live, other=0.0)
-        if two_terms:
+        if A_TERMS == 2:
             a_lo = tl.load(row_ptr + K + offs_k[None, :], mask=k_ok, other=0.0)
             a_lo_scale = tl.load(scale_row + scale_cols, mask=live, other=0.0)
     elif A_FP8:
