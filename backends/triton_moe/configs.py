@@ -384,12 +384,14 @@ def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optiona
     h_fp8 = fp8_act and gemm1.block_n == 128
     if fp8_act:
         if gemm1.swap_ab:
-            reasons.append("w8a8 decode: swap-AB, the weights as the dot's first operand (wgmma's M)")
+            reasons.append(f"{FP8_ACT_NAMES[act_terms]} decode: swap-AB, the weights as the dot's first "
+                           "operand (wgmma's M)")
         # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
         # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
         # rank at 8 tokens 69.1 against 48.2 us).
+        terms = "two e4m3 terms" if act_terms == 2 else "e4m3"
         reasons.append(f"{FP8_ACT_NAMES[act_terms]}: x quantized once by a launch; h "
-                       + ("written as e4m3 + scales by GEMM1's epilogue (128-wide N tiles)"
+                       + (f"written as {terms} + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
         # On request for both GEMMs: on the H200 swap-AB for both ran slower: qwen3-30b-a3b fp8
