@@ -21,17 +21,18 @@ no Triton), so it is tested on recorded profiles anywhere.
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
   DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores;
   its tiles (`_gemm_w8a8`) take whole 128-column scale groups per K step and, at prefill, per N
-  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there). fp8_act="x2"
-  holds each activation as two e4m3 terms (the second quantizes what the first leaves, with its own
-  per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step: about 1e-3 off
-  the oracle, within the contract. On GPUs with wgmma the rule takes it by default where blocks are
-  at most 32 rows and every local expert expects a route (W8A8X2_MAX_BLOCK_M).
+  tile, and the rule keeps the w8a16 GEMV where that path applies (faster there). fp8_act="x2" holds
+  each activation as two e4m3 terms (the second quantizes what the first leaves, with its own
+  per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step: 1e-3 (the
+  interpreter) to 3.7e-3 (the H200) off the oracle, within the contract. On GPUs with wgmma the rule
+  takes it by default where blocks are at most 32 rows and every local expert expects a route
+  (W8A8X2_MAX_BLOCK_M).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import attrs
 
@@ -290,16 +291,17 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
     return g
 
 
-def choose(spec, gpu, tokens: int, fp8_act: Optional[bool] = None, gemv: Optional[bool] = None,
+def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv: Optional[bool] = None,
            swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED_MXFP4,
            grouped_n: bool = True) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights, "x2" for w8a8 with two e4m3 terms per activation (the rule keeps w8a16
     where the GEMV path is faster, see below), False for w8a16; None leaves it to the rule (w8a8x2
-    on GPUs with wgmma at blocks of at most W8A8X2_MAX_BLOCK_M rows, else w8a16); gemv=False keeps the grouped
-    GEMMs at decode, gemv=True takes the GEMV path for every format that has one where routes are
-    few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4 through
-    dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill too."""
+    on GPUs with wgmma at blocks of at most W8A8X2_MAX_BLOCK_M rows, else w8a16); gemv=False keeps
+    the grouped GEMMs at decode, gemv=True takes the GEMV path for every format that has one where
+    routes are few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4
+    through dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill
+    too."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
