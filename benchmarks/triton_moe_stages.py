@@ -67,7 +67,8 @@ W8A16_PREFILL_CANDIDATES = (
     (64, (128, 128, 8, 4, True, 16), (128, 64, 4, 4, False, 16)),
 )
 # w8a16 at decode: swap-AB puts the scaled weights in wgmma's M (64 rows at least) and the block's
-# few rows in its N, instead of 16-row mma.sync tiles with the weights stored to shared memory.
+# few rows in its N, instead of 16-row mma.sync tiles with the weights stored to shared memory; the
+# last is the usual order, timed again in the same sweep as a control.
 W8A16_DECODE_CANDIDATES = (
     (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
     (16, (128, 128, 4, 3, True), (128, 128, 4, 3, True)),
