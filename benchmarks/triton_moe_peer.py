@@ -185,11 +185,9 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
         grouped.update(w8a16=TritonMoEKernel(spec, target, fp8_act=False),
                        w8a8=TritonMoEKernel(spec, target, fp8_act=True))
     if w8a8:
-        grouped = {"w8a16": TritonMoEKernel(spec, target, fp8_act=False),
-                   "w8a8": TritonMoEKernel(spec, target, fp8_act=True),
-                   "w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=fp8_act, gemv=False),
-                   "swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=True),
-                   "no swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=False)}
+        grouped.update({"w8a8 GEMMs": TritonMoEKernel(spec, target, fp8_act=fp8_act, gemv=False),
+                        "swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=True),
+                        "no swap-AB": TritonMoEKernel(spec, target, fp8_act=fp8_act, swap_ab=False)})
     peer = None
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:

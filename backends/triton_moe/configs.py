@@ -40,6 +40,7 @@ FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "mxfp4": 2, "int4_g128": 3}
 # fp8_act values other than None: w8a16, w8a8, w8a8 with two e4m3 terms per activation.
 FP8_ACT_VALUES = (False, True, "x2")
 FP8_ACT_NAMES = {1: "w8a8", 2: "w8a8x2"}
+FP8_TERMS = {1: "e4m3", 2: "two e4m3 terms"}  # how plan() names a quantized activation
 ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 MIN_BLOCK_M = 16  # the smallest M of a tensor-core dot
 BLOCK_M_128_MIN_ROUTES = 48
@@ -391,9 +392,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
         # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
         # rank at 8 tokens 69.1 against 48.2 us).
-        terms = "two e4m3 terms" if act_terms == 2 else "e4m3"
         reasons.append(f"{FP8_ACT_NAMES[act_terms]}: x quantized once by a launch; h "
-                       + (f"written as {terms} + scales by GEMM1's epilogue (128-wide N tiles)"
+                       + (f"written as {FP8_TERMS[act_terms]} + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):
         # On request for both GEMMs: on the H200 swap-AB for both ran slower: qwen3-30b-a3b fp8

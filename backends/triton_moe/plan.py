@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from backends.triton_moe.configs import LaunchConfig
+from backends.triton_moe.configs import FP8_TERMS, LaunchConfig
 
 
 @attrs.frozen
@@ -26,8 +26,7 @@ class TritonMoEPlan:
         grouping = (f"one BLOCK_M {c.block_m} block per route (grid {self.max_blocks})" if c.per_route else
                     f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks})")
         if c.fp8_act:
-            terms = "two e4m3 terms" if c.act_terms == 2 else "e4m3"
-            grouping = f"quantize x to {terms} per 128 columns -> " + grouping
+            grouping = f"quantize x to {FP8_TERMS[c.act_terms]} per 128 columns -> " + grouping
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                 f"{grouping} -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "
