@@ -49,6 +49,15 @@ W8A8_DECODE_CANDIDATES = (
     (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
     (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
 )
+# w8a8x2 where the rule's blocks are 64 rows or more (there it keeps w8a16): blocks of 32 or 16 rows
+# with the decode tiles (swap-AB: the weights in wgmma's M), reading a busy expert's weights twice
+# or more, and 64-row swap-AB blocks with 8 warps.
+W8A8X2_PREFILL_CANDIDATES = (
+    (32, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
+    (32, (64, 128, 4, 4, True), (128, 128, 4, 4, True)),
+    (16, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
+    (64, (128, 128, 8, 3, True), (128, 128, 8, 3, True)),
+)
 # w8a16 (fp8 weights scaled in registers into 16-bit dots): both GEMMs in the usual order (the rule
 # before GEMM 1 took swap-AB at 128-row blocks), then swap-AB for both: the scaled weights are
 # wgmma's register operand and the activations come straight from memory, so the dots chain on the
@@ -139,7 +148,9 @@ def main(argv=None) -> int:
         rule = kernel.config(tokens)
         candidates = [None]
         if args.sweep:
-            if rule.fp8_act:
+            if rule.fp8_act and rule.act_terms == 2 and rule.block_m >= 64:
+                candidates += list(W8A8X2_PREFILL_CANDIDATES)
+            elif rule.fp8_act:
                 candidates += list(W8A8_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A8_DECODE_CANDIDATES)
             elif spec.weight_format == "fp8_block128":
                 fp8_candidates = W8A16_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A16_DECODE_CANDIDATES

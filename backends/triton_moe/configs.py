@@ -22,11 +22,11 @@ no Triton), so it is tested on recorded profiles anywhere.
   DeepSeek-V3 serves with) is asked for explicitly with fp8_act=True, on GPUs with fp8 tensor cores;
   its tiles (`_gemm_w8a8`) take whole 128-column scale groups per K step and, at prefill, per N
   tile, and the rule keeps the w8a16 GEMV where that path applies (faster there). fp8_act="x2" holds
-  each activation as two e4m3 terms (the second quantizes what the first leaves, with its own
-  per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step: 1e-3 (the
-  interpreter) to 3.7e-3 (the H200) off the oracle, within the contract. On GPUs with wgmma the rule
-  takes it by default where blocks are at most 32 rows and every local expert expects a route
-  (W8A8X2_MAX_BLOCK_M).
+  each activation as two e4m3 terms (the second is what the first leaves, in units of the same
+  per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step chained on one
+  accumulator before the scales: 3.1e-3 to 3.6e-3 off the oracle on the H200 (w8a16 4.3e-3 to
+  4.5e-3). On GPUs with wgmma the rule takes it by default where blocks of at most 32 rows group
+  routes by expert (W8A8X2_MAX_BLOCK_M).
 """
 
 from __future__ import annotations
@@ -81,16 +81,18 @@ MAX_GROUP_M = 16
 W8A16_SWAP_MIN_BLOCK_M = 128
 W8A16_SWAP_GROUP_M = 8
 # fp8 weights by default on GPUs with wgmma: w8a8x2 (two e4m3 terms per activation, within the
-# contract) where blocks are at most 32 rows and each local expert expects a route, else w8a16.
-# There w8a16's conversion of every weight tile to bf16 in registers costs more than a second fp8
-# dot. On the H200 (benchmarks/triton_moe_peer.py --fp8-act w8a8x2, w8a16 timed beside it): 64
-# tokens, BLOCK_M 16: deepseek-v3's EP rank 330.0 us against 369.6, kimi-k2's 426.1 against
-# 442.9, qwen3-235b-a22b 605.1 against 673.7, qwen3-30b-a3b 178.6 against 191.5; 512 tokens on
-# the EP ranks (BLOCK_M 32): 547.1 against 604.6 and 735.5 against 882.8. At 8 tokens (under one
-# route per expert) the two were within 5% either way; at BLOCK_M 64 x2 ran 1.4-1.5x slower
-# (qwen3-235b-a22b at 512 tokens 1611.9 against 1130.6).
+# contract) where blocks of at most 32 rows group routes by expert, else w8a16 (its GEMV, or a
+# block per route, where few routes rarely share an expert: there x2 tied and adds the
+# quantization launch). There w8a16's conversion of every weight tile to bf16 in registers costs
+# more than a second fp8 dot chained on the first. On the H200 (benchmarks/triton_moe_peer.py
+# --fp8-act w8a8x2, w8a16 timed beside it): 8 tokens, deepseek-v3's EP rank 116.8 us against
+# 129.0, kimi-k2's 112.3 against 119.6, qwen3-235b-a22b 261.7 against 282.8 (qwen3-30b-a3b 92.2
+# against 90.4); 64 tokens (BLOCK_M 16) 318.1 against 369.3 on deepseek-v3's EP rank, 586.3
+# against 657.2 on qwen3-235b-a22b; 512 tokens on the EP ranks (BLOCK_M 32) 431.3 against 608.2
+# and 617.2 against 882.7; 1 token (per-route GEMMs) within 1%. At BLOCK_M 64 every K step waits
+# for four dots (gate and up, two terms each) and x2 ran 1.2-1.4x slower than w8a16 (qwen3-30b-a3b
+# at 512 tokens 387.4 against 303.9, at 4096 1646.7 against 1148.2).
 W8A8X2_MAX_BLOCK_M = 32
-W8A8X2_MIN_ROUTES_PER_EXPERT = 1.0
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
@@ -149,7 +151,7 @@ class LaunchConfig:
     # w8a8: GEMM 1's output written as e4m3 + scales by its epilogue (else stored in 16 bits and
     # quantized in GEMM 2's registers). The layer's input is quantized by one launch before GEMM 1.
     h_fp8: bool = False
-    # w8a8: e4m3 terms per activation (2: a high and a low term, each with its own scales).
+    # w8a8: e4m3 terms per activation (2: a high and a low term in units of one scale).
     act_terms: int = 1
 
     def describe(self) -> str:
@@ -319,8 +321,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     fp8 = spec.weight_format == "fp8_block128"
     # The interpreter (no GPU) runs fp8 dots in software.
     fp8_mma = gpu is None or _has_fp8_mma(gpu)
+    # w8a8x2 pays where a block's rows share each weight tile: not on the GEMV, not one route per block.
+    on_gemv = gemv is not False and uses_gemv(spec, bucket, False, sms, gemv)
+    route_blocks = few_routes(spec, bucket) and not spec.is_ep
     x2_by_rule = (fp8 and fp8_act is None and gpu is not None and gpu.features.wgmma and fp8_mma
-                  and block_m <= W8A8X2_MAX_BLOCK_M and per_expert >= W8A8X2_MIN_ROUTES_PER_EXPERT)
+                  and block_m <= W8A8X2_MAX_BLOCK_M and not on_gemv and not route_blocks)
     if x2_by_rule:
         fp8_act = "x2"
     act_terms = 2 if fp8_act == "x2" else 1
@@ -333,11 +338,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         fp8_act = False
         reasons.append("w8a8 asked for, but with this few routes the w8a16 GEMV (more accurate) is faster")
     elif fp8_act and act_terms == 2:
-        why = (f"BLOCK_M {block_m} with a route per local expert: a second fp8 dot costs less than "
-               "converting every weight tile to 16 bits" if x2_by_rule else "asked for")
-        reasons.append(f"w8a8x2 ({why}): each activation as two e4m3 terms per row and 128 columns (the "
-                       "second quantizes what the first leaves), two fp8 x fp8 dots per K step, within the "
-                       "1e-2 contract")
+        why = (f"BLOCK_M {block_m}: a second fp8 dot costs less than converting every weight tile to "
+               "16 bits" if x2_by_rule else "asked for")
+        reasons.append(f"w8a8x2 ({why}): each activation as two e4m3 terms in units of one scale per row "
+                       "and 128 columns (the second is what the first leaves), two fp8 x fp8 dots per K step "
+                       "chained on one accumulator, within the 1e-2 contract")
     elif fp8_act:
         reasons.append("w8a8 asked for: fp8 activations quantized per row and 128 columns, fp8 x fp8 dots")
     elif fp8:

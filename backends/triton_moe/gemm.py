@@ -127,13 +127,14 @@ def _int4_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, K, N_TOTAL, stride
 
 
 @triton.jit
-def _dot_step(acc, a, a_scale, a_lo, a_lo_scale, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K,
+def _dot_step(acc, a, a_scale, a_lo, w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K,
               N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT: tl.constexpr,
               A_FP8: tl.constexpr, A_TERMS: tl.constexpr, DOT_F32: tl.constexpr,
               MXFP4_DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """acc += a @ W[rows, k0:k0+BK].T for one weight tile, dequantized per FORMAT. `a` is already
-    in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8). mxfp4 goes
+    in the dot dtype; a_scale is the per-row scale of an fp8-quantized `a` (A_FP8), and of its low
+    terms a_lo (A_TERMS 2), whose dot chains on the high terms' before the scales. mxfp4 goes
     through Triton's dot_scaled (MXFP4_DOT_SCALED: the compiler upcasts e2m1 and applies the e8m0
     scales in its own layouts) or through the fp32 bit patterns below. SWAP_AB (fp8 and mxfp4
     through dot_scaled): acc is [BN, BM] and gets W @ a.T: the weights are the dot's first operand,
@@ -149,11 +150,10 @@ def _dot_step(acc, a, a_scale, a_lo, a_lo_scale, w_ptr, s_ptr, expert, rows, row
                                 scale_cols)
         if DOT_F32:
             w = w.to(tl.float32)
+        product = tl.dot(w, tl.trans(a))
         if A_TERMS == 2:
-            acc += (tl.dot(w, tl.trans(a)) * a_scale[None, :]
-                    + tl.dot(w, tl.trans(a_lo)) * a_lo_scale[None, :]) * s[:, None]
-        else:
-            acc += tl.dot(w, tl.trans(a)) * s[:, None] * a_scale[None, :]
+            product = tl.dot(w, tl.trans(a_lo), product)
+        acc += product * s[:, None] * a_scale[None, :]
     elif SWAP_AB:
         w, s = _fp8_weight_rows(w_ptr, s_ptr, expert, rows, row_ok, k0, offs_k, K, stride_we, stride_se,
                                 scale_cols)
@@ -168,10 +168,10 @@ def _dot_step(acc, a, a_scale, a_lo, a_lo_scale, w_ptr, s_ptr, expert, rows, row
         if A_FP8:
             if DOT_F32:
                 w = w.to(tl.float32)
+            product = tl.dot(a, w)
             if A_TERMS == 2:
-                acc += (tl.dot(a, w) * a_scale[:, None] + tl.dot(a_lo, w) * a_lo_scale[:, None]) * s[None, :]
-            else:
-                acc += tl.dot(a, w) * a_scale[:, None] * s[None, :]
+                product = tl.dot(a_lo, w, product)
+            acc += product * a_scale[:, None] * s[None, :]
         else:
             # Scaled before the dot, so the dots chain on one accumulator (asynchronous wgmma
             # stays in flight); the scaled weight is rounded to the activation dtype once.
@@ -201,33 +201,32 @@ def _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
             BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """One BLOCK_K step of the gate (acc) and up (acc_up) products from a tile of `a` loaded once.
     A_TERMS 2 (w8a8 with each activation held as two e4m3 terms): a quantized row of `a` is its
-    high terms, then its low terms (K each), a row of a_scale their scales likewise."""
+    high terms, then its low terms (K each), both in units of the row's a_scale."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     terms: tl.constexpr = A_TERMS if A_QUANTIZED else 1  # e4m3 terms per value in a row of `a`
     row_ptr = a_ptr + a_rows[:, None] * (K * terms)
-    scale_row = a_scale_ptr + a_rows * (scale_cols * terms) + k0 // 128
+    scale_row = a_scale_ptr + a_rows * scale_cols + k0 // 128
     k_ok = live[:, None] & (offs_k[None, :] < K)
     a = tl.load(row_ptr + offs_k[None, :], mask=k_ok, other=0.0)
     a_scale = tl.zeros([a.shape[0]], dtype=tl.float32)
-    a_lo, a_lo_scale = a, a_scale
+    a_lo = a
     if A_QUANTIZED:
         a_scale = tl.load(scale_row, mask=live, other=0.0)
         if A_TERMS == 2:
             a_lo = tl.load(row_ptr + K + offs_k[None, :], mask=k_ok, other=0.0)
-            a_lo_scale = tl.load(scale_row + scale_cols, mask=live, other=0.0)
     elif A_FP8:
         a32 = a.to(tl.float32)
         a, a_scale = quantize_rows(a32, w_ptr.dtype.element_ty)
         if A_TERMS == 2:
-            a_lo, a_lo_scale = quantize_remainder(a32, a, a_scale, w_ptr.dtype.element_ty)
+            a_lo = quantize_remainder(a32, a, a_scale, w_ptr.dtype.element_ty)
     if DOT_F32:
         a = a.to(tl.float32)
         a_lo = a_lo.to(tl.float32)
-    acc = _dot_step(acc, a, a_scale, a_lo, a_lo_scale, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K,
+    acc = _dot_step(acc, a, a_scale, a_lo, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K,
                     N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, A_TERMS, DOT_F32,
                     MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
     if GATED:
-        acc_up = _dot_step(acc_up, a, a_scale, a_lo, a_lo_scale, w_ptr, s_ptr, expert, up_rows, n_ok, k0,
+        acc_up = _dot_step(acc_up, a, a_scale, a_lo, w_ptr, s_ptr, expert, up_rows, n_ok, k0,
                            offs_k, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8,
                            A_TERMS, DOT_F32, MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
     return acc, acc_up
@@ -254,10 +253,9 @@ def moe_gemm_kernel(
     topk_ids here, and h has one row per route (row = route).
     w8a8 (A_FP8, fp8 weights): fp8 x fp8 dots, the fp32 partial product of each 128-column K step
     times the row's activation scale and the weight block's scale; A_TERMS 2 (w8a8x2): each
-    activation is two e4m3 terms with their own scales, two dots per K step, a quantized row holding
-    its high terms then its low terms (GEMM 1's fp8 epilogue writes both). A_QUANTIZED: `a` is e4m3
-    with
-    fp32 scales a_scale [rows, scale_cols]; else each K step's tile is quantized here. OUT_FP8
+    activation is two e4m3 terms in units of one scale, two chained dots per K step, a quantized row
+    holding its high terms then its low terms (GEMM 1's fp8 epilogue writes both). A_QUANTIZED: `a`
+    is e4m3 with fp32 scales a_scale [rows, scale_cols]; else each K step's tile is quantized here. OUT_FP8
     (FIRST, BLOCK_N 128: each N tile one 128-column group): h is written as e4m3 with its scales in
     out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
@@ -362,13 +360,11 @@ def moe_gemm_kernel(
             tl.static_assert(BLOCK_N == 128, "the fp8 epilogue quantizes one 128-column group per tile")
             q, scale = quantize_rows(h, out_ptr.dtype.element_ty)
             out_row = out_ptr + rows_m[:, None].to(tl.int64) * (N * A_TERMS) + offs_n[None, :]
-            scale_row = out_scale_ptr + rows_m.to(tl.int64) * (tl.cdiv(N, 128) * A_TERMS) + pid_n
             tl.store(out_row, q, mask=out_mask)
-            tl.store(scale_row, scale, mask=live)
+            tl.store(out_scale_ptr + rows_m.to(tl.int64) * tl.cdiv(N, 128) + pid_n, scale, mask=live)
             if A_TERMS == 2:
-                lo, lo_scale = quantize_remainder(h, q, scale, out_ptr.dtype.element_ty)
-                tl.store(out_row + N, lo, mask=out_mask)
-                tl.store(scale_row + tl.cdiv(N, 128), lo_scale, mask=live)
+                tl.store(out_row + N, quantize_remainder(h, q, scale, out_ptr.dtype.element_ty),
+                         mask=out_mask)
         else:
             tl.store(out_ptr + rows_m[:, None].to(tl.int64) * N + offs_n[None, :],
                      h.to(out_ptr.dtype.element_ty), mask=out_mask)

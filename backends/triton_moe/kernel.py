@@ -236,7 +236,8 @@ class TritonMoEKernel(MoEKernel):
               act_terms: int, per_route: bool, scale_high: bool):
         """One expert GEMM launch. a_scale: the e4m3 input's scales (None: a is 16-bit, quantized in
         registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype);
-        act_terms: e4m3 terms per quantized activation (each row holds them one after another)."""
+        act_terms: e4m3 terms per quantized activation (each row holds them one after another, in
+        units of the row's one scale per 128 columns)."""
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
@@ -328,13 +329,13 @@ class TritonMoEKernel(MoEKernel):
         terms = config.act_terms
         h = (torch.empty(h_rows, terms * I, dtype=fp8, device=device) if config.h_fp8
              else torch.empty(h_rows, I, dtype=x.dtype, device=device))
-        h_scale = (torch.empty(h_rows, terms * math.ceil(I / FP8_GROUP), dtype=torch.float32, device=device)
+        h_scale = (torch.empty(h_rows, math.ceil(I / FP8_GROUP), dtype=torch.float32, device=device)
                    if config.h_fp8 else None)
         y = torch.empty(routes, H, dtype=x.dtype, device=device)
         x_q, x_scale = x, None
         if config.fp8_act:
             x_q = torch.empty(M, terms * H, dtype=fp8, device=device)
-            x_scale = torch.empty(M, terms * math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
+            x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
 
         def quantize_x():
             groups = math.ceil(H / FP8_GROUP)

@@ -3,7 +3,8 @@ numerics, vLLM 0.33.0's per_token_group_quant_fp8): q = clamp(v / s, +-448), s =
 each 1 x 128 slice, with fp32 scales [rows, ceil(cols / 128)]. The w8a8 GEMMs read q and s; GEMM
 1's epilogue quantizes its own output this way (`quantize_rows` on a 128-wide tile), and the layer's
 input is quantized once per call by `quantize_groups_kernel`. w8a8x2 adds a second e4m3 term per
-value, the quantization of what the first leaves (`quantize_remainder`), with its own scales."""
+value, what the first leaves in units of the same scale (`quantize_remainder`): a ~= (q + q_lo) * s,
+so the two fp8 dots of a K step chain on one accumulator before the scales are applied."""
 
 from __future__ import annotations
 
@@ -28,17 +29,18 @@ def quantize_rows(a, FP8_DTYPE: tl.constexpr):
 
 @triton.jit
 def quantize_remainder(a, q, scale, FP8_DTYPE: tl.constexpr):
-    """The low term of w8a8x2: what the high term (q, scale) leaves of `a`, quantized as
-    `quantize_rows` does with its own scales. The remainder is taken from q as rounded, so a
-    wrongly rounded high term is made up for here."""
-    return quantize_rows(a - q.to(tl.float32) * scale[:, None], FP8_DTYPE)
+    """The low term of w8a8x2: a / scale - q as e4m3, in units of the high term's scale. It is
+    within one e4m3 step of q (at most 32, in range), so each value keeps 3 more mantissa bits
+    (about bf16's 8); values below 2^-6 of the scale lose only what is under e4m3's subnormals,
+    2^-10 of the scale. Taken from q as rounded, so a wrongly rounded high term is made up for."""
+    return (a / scale[:, None] - q.to(tl.float32)).to(FP8_DTYPE)
 
 
 @triton.jit
 def quantize_groups_kernel(x_ptr, q_ptr, s_ptr, K, scale_cols, GROUPS: tl.constexpr, TERMS: tl.constexpr):
     """One row, GROUPS slices of 128 columns per program: q [rows, K] e4m3, s [rows, scale_cols].
-    TERMS 2: each value also gets a low term, the e4m3 quantization of what the first leaves
-    (q [rows, 2, K], s [rows, 2, scale_cols])."""
+    TERMS 2: each value also gets a low term, what the first leaves in units of the same scale
+    (q [rows, 2, K]: a row's high terms, then its low terms; s as for one term)."""
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     cols = group[:, None] * 128 + tl.arange(0, 128)[None, :]
@@ -46,8 +48,7 @@ def quantize_groups_kernel(x_ptr, q_ptr, s_ptr, K, scale_cols, GROUPS: tl.conste
     x = tl.load(x_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
     q, scale = quantize_rows(x, q_ptr.dtype.element_ty)
     tl.store(q_ptr + row * K * TERMS + cols, q, mask=ok)
-    tl.store(s_ptr + row * scale_cols * TERMS + group, scale, mask=group < scale_cols)
+    tl.store(s_ptr + row * scale_cols + group, scale, mask=group < scale_cols)
     if TERMS == 2:
-        lo, lo_scale = quantize_remainder(x, q, scale, q_ptr.dtype.element_ty)
-        tl.store(q_ptr + row * K * 2 + K + cols, lo, mask=ok)
-        tl.store(s_ptr + row * scale_cols * 2 + scale_cols + group, lo_scale, mask=group < scale_cols)
+        tl.store(q_ptr + row * K * 2 + K + cols, quantize_remainder(x, q, scale, q_ptr.dtype.element_ty),
+                 mask=ok)

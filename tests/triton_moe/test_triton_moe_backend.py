@@ -134,18 +134,20 @@ def test_w8a8_rule_is_valid_everywhere(profile, model):
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
 def test_fp8_default_is_w8a8x2_at_small_blocks_on_wgmma_gpus(profile):
-    """fp8 weights without fp8_act: two e4m3 terms per activation where blocks are 16 or 32 rows
-    and every local expert expects a route (qwen3-30b-a3b at 64 tokens, deepseek-v3's EP rank at
-    512), w8a16 below a route per expert (8 tokens), at 64-row blocks and on GPUs without wgmma;
-    fp8_act=False keeps w8a16 there too."""
+    """fp8 weights without fp8_act: two e4m3 terms per activation where blocks of 16 or 32 rows
+    group routes by expert (qwen3-30b-a3b at 8 and 64 tokens, deepseek-v3's EP rank from 8 to
+    512), w8a16 for a block per route (qwen3-30b-a3b at 1 token), on the GEMV (deepseek-v3's EP
+    rank at 1 token), at 64-row blocks and on GPUs without wgmma; fp8_act=False keeps w8a16."""
     gpu = hal.probe(profile=profile).gpus[0]
     qwen = presets.get("qwen3-30b-a3b").spec("fp8_block128")
     ep_rank = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
     x2 = {(s.num_local_experts or s.num_experts, t): configs.choose(s, gpu, t).act_terms == 2
-          for s in (qwen, ep_rank) for t in (8, 64, 512)}
+          for s in (qwen, ep_rank) for t in (1, 8, 64, 512)}
     expected = gpu.features.wgmma
-    assert x2 == {(128, 8): False, (128, 64): expected, (128, 512): False,
-                  (32, 8): False, (32, 64): expected, (32, 512): expected}
+    assert x2 == {(128, 1): False, (128, 8): expected, (128, 64): expected, (128, 512): False,
+                  (32, 1): False, (32, 8): expected, (32, 64): expected, (32, 512): expected}
+    if gpu.vendor == "nvidia":
+        assert configs.choose(ep_rank, gpu, 1).gemv1 is not None
     forced = configs.choose(qwen, gpu, 64, fp8_act=False)
     assert not forced.fp8_act and forced.act_terms == 1
 
@@ -186,7 +188,7 @@ def test_decode_path_rule():
     for fmt in ("bf16", "fp8_block128"):
         c = configs.choose(spec(fmt), gpu, 1)
         assert c.gemv1 is None and c.per_route
-        assert not c.gemm1.swap_ab and not c.gemm2.swap_ab  # on request only
+        assert c.act_terms == 1 and not c.gemm1.swap_ab and not c.gemm2.swap_ab  # on request only
 
 
 def test_w8a16_prefill_swaps_gemm1_where_wgmma_keeps_it_in_flight():

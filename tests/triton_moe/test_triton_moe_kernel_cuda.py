@@ -99,7 +99,7 @@ def test_fp8_w8a8(activation, M, oracle_w8a8, weights_for):
 @pytest.mark.parametrize("M", [3, 300, 1200])
 def test_fp8_w8a8x2(activation, swap_ab, M, oracle, weights_for):
     """Two e4m3 terms per activation, against the plain float64 oracle within half the contract
-    (2.5e-3 to 3.7e-3 on the H200; one term, w8a8, is about 4e-2 off), in both operand orders,
+    (3.1e-3 to 3.6e-3 on the H200; one term, w8a8, is about 4e-2 off), in both operand orders,
     with h quantized in GEMM 2 (3 tokens) or by GEMM 1's epilogue (300 and 1200)."""
     spec = make_spec("fp8_block128", activation, bias=True, ep=True, shape=(384, 256))
     kernel = TritonMoEKernel(spec, cuda_target(), fp8_act="x2", swap_ab=swap_ab)
