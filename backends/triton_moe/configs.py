@@ -25,8 +25,8 @@ no Triton), so it is tested on recorded profiles anywhere.
   each activation as two e4m3 terms (the second is what the first leaves, in units of the same
   per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step chained on one
   accumulator before the scales: 3.1e-3 to 3.6e-3 off the oracle on the H200 (w8a16 4.3e-3 to
-  4.5e-3). On GPUs with wgmma the rule takes it by default where blocks of at most 32 rows group
-  routes by expert (W8A8X2_MAX_BLOCK_M).
+  4.5e-3). On GPUs with wgmma the rule takes it by default where blocks of at most 64 rows group
+  routes by expert (W8A8X2_MAX_BLOCK_M; its 64-row tiles W8A8X2_PREFILL).
 """
 
 from __future__ import annotations
@@ -89,10 +89,16 @@ W8A16_SWAP_GROUP_M = 8
 # 129.0, kimi-k2's 112.3 against 119.6, qwen3-235b-a22b 261.7 against 282.8 (qwen3-30b-a3b 92.2
 # against 90.4); 64 tokens (BLOCK_M 16) 318.1 against 369.3 on deepseek-v3's EP rank, 586.3
 # against 657.2 on qwen3-235b-a22b; 512 tokens on the EP ranks (BLOCK_M 32) 431.3 against 608.2
-# and 617.2 against 882.7; 1 token (per-route GEMMs) within 1%. At BLOCK_M 64 every K step waits
-# for four dots (gate and up, two terms each) and x2 ran 1.2-1.4x slower than w8a16 (qwen3-30b-a3b
-# at 512 tokens 387.4 against 303.9, at 4096 1646.7 against 1148.2).
-W8A8X2_MAX_BLOCK_M = 32
+# and 617.2 against 882.7; 1 token (per-route GEMMs) within 1%. At BLOCK_M 64 (W8A8X2_PREFILL
+# tiles) the stages benchmark's sweep: qwen3-30b-a3b at 512 tokens 282.7 us against w8a16's 304.4,
+# qwen3-235b-a22b 937.3 against 1100.7. At 128-row blocks (4096 tokens: x2 at 64 rows) it was
+# timed on deepseek-v3's EP rank only (1428.5 against 1464.4), so w8a16 stays there.
+W8A8X2_MAX_BLOCK_M = 64
+# w8a8x2 tiles at 64-row blocks: swap-AB for both GEMMs (the weights in wgmma's M, 128 per tile),
+# 8 warps, 3 stages, each block's N tiles in turn, as timed. In the usual order (the w8a8 prefill
+# tiles) every K step of GEMM 1 waits for four dots and x2 ran 1.2-1.4x slower than w8a16
+# (qwen3-30b-a3b at 512 tokens 389.7 us, GEMM 1 258.0 against 147.7 swapped).
+W8A8X2_PREFILL = dict(block_n=128, block_k=128, num_warps=8, num_stages=3, swap_ab=True)
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
@@ -259,7 +265,7 @@ def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, bl
 
 
 def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
-               smem: int) -> GemmConfig:
+               smem: int, act_terms: int) -> GemmConfig:
     """fp8 x fp8 tiles (NVIDIA sm_89+). BLOCK_K 128: one activation scale and one weight block
     scale per K step. Decode: swap-AB (the weights fill wgmma's M, the block's few rows its N, as
     vLLM 0.33.0 does on Hopper for M tiles below 64), BLOCK_N from 128 halving to
@@ -269,7 +275,13 @@ def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, 
     accumulators (with the fp32 product of each K step that is 4 x BLOCK_M x 128 values held per
     program), else 4. On the H200 (qwen3-30b-a3b, 4096 tokens): GEMM 1 457.6 us with 8 warps against
     583.7 with 4, GEMM 2 262.4 with 4 against 386.7 with 8; BLOCK_M 128 with 128-wide gate and up
-    tiles spills registers (GEMM 1 1205 us)."""
+    tiles spills registers (GEMM 1 1205 us). w8a8x2 at prefill: W8A8X2_PREFILL, fewer stages only
+    where they would not fit."""
+    if act_terms == 2 and not decode:
+        tile = W8A8X2_PREFILL
+        # two e4m3 terms per activation (16 bits), the weight tile once
+        stage = _stage_bytes(block_m, tile["block_n"], tile["block_k"], tiles_n, 16, 8)
+        return GemmConfig(**dict(tile, num_stages=max(2, min(tile["num_stages"], int(smem // stage)))))
     block_k = 128
     stage = (lambda bn: _stage_bytes(block_m, bn, block_k, tiles_n, 8, _weight_bits("fp8_block128")))
     block_n = 128
@@ -356,8 +368,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
             blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
             reasons.append(f"w8a8: BLOCK_M {block_m} (the fp32 product of each K step doubles the "
                            "accumulators held in registers)")
-        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem)
-        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem)
+        gemm1 = _gemm_w8a8(spec.intermediate_size, tiles_1, block_m, blocks, decode, sms, smem, act_terms)
+        gemm2 = _gemm_w8a8(spec.hidden_size, 1, block_m, blocks, decode, sms, smem, act_terms)
         if swap_ab is False:
             gemm1, gemm2 = attrs.evolve(gemm1, swap_ab=False), attrs.evolve(gemm2, swap_ab=False)
         elif swap_ab:
@@ -375,7 +387,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     # (measured with dot_scaled):
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
-    if not decode and grouped_n and spec.weight_format != "mxfp4":
+    x2_prefill = fp8_act and act_terms == 2 and not decode  # its tiles as timed (W8A8X2_PREFILL)
+    if not decode and grouped_n and spec.weight_format != "mxfp4" and not x2_prefill:
         l2 = (gpu.l2_bytes if gpu is not None else None) or DEFAULT_L2
         gemm1 = attrs.evolve(gemm1, group_m=group_m(block_m, spec.hidden_size, a_bits, l2))
         gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
@@ -392,8 +405,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     h_fp8 = fp8_act and gemm1.block_n == 128
     if fp8_act:
         if gemm1.swap_ab:
-            reasons.append(f"{FP8_ACT_NAMES[act_terms]} decode: swap-AB, the weights as the dot's first "
-                           "operand (wgmma's M)")
+            reasons.append(f"{FP8_ACT_NAMES[act_terms]}: swap-AB, the weights as the dot's first operand "
+                           "(wgmma's M)")
         # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
         # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
         # rank at 8 tokens 69.1 against 48.2 us).
@@ -411,8 +424,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
     else:
         reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
-    reasons.append(f"stages from {smem // 1024} KiB of shared memory per block"
-                   + (" (AMD: 2)" if amd else ""))
+    reasons.append(f"stages from {smem // 1024} KiB of shared memory per block" + (" (AMD: 2)" if amd else "")
+                   + (" (w8a8x2's 64-row tiles: 3 at most)" if x2_prefill else ""))
     if gemv is False or repacked or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8

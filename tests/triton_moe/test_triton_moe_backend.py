@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
 import hal
@@ -90,7 +91,7 @@ def test_config_rule_is_valid_everywhere(profile, model):
         for tokens in (0, 1, 8, 64, 512, 4096, 65536):
             c = configs.choose(s, gpu, tokens)
             assert c.block_m in (16, 32, 64, 128)
-            if c.fp8_act:  # by the rule: w8a8x2, fp8 weights on GPUs with wgmma at small blocks
+            if c.fp8_act:  # by the rule: w8a8x2, fp8 weights on GPUs with wgmma up to 64-row blocks
                 assert fmt == "fp8_block128" and gpu.features.wgmma and c.act_terms == 2
                 assert c.block_m <= configs.W8A8X2_MAX_BLOCK_M
             for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
@@ -134,18 +135,25 @@ def test_w8a8_rule_is_valid_everywhere(profile, model):
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
 def test_fp8_default_is_w8a8x2_at_small_blocks_on_wgmma_gpus(profile):
-    """fp8 weights without fp8_act: two e4m3 terms per activation where blocks of 16 or 32 rows
-    group routes by expert (qwen3-30b-a3b at 8 and 64 tokens, deepseek-v3's EP rank from 8 to
-    512), w8a16 for a block per route (qwen3-30b-a3b at 1 token), on the GEMV (deepseek-v3's EP
-    rank at 1 token), at 64-row blocks and on GPUs without wgmma; fp8_act=False keeps w8a16."""
+    """fp8 weights without fp8_act: two e4m3 terms per activation where blocks of 16 to 64 rows
+    group routes by expert (qwen3-30b-a3b from 8 to 512 tokens, deepseek-v3's EP rank likewise;
+    64-row blocks with the swap-AB prefill tiles), w8a16 for a block per route (qwen3-30b-a3b at 1
+    token), on the GEMV (deepseek-v3's EP rank at 1 token), at 128-row blocks (4096 tokens) and on
+    GPUs without wgmma; fp8_act=False keeps w8a16."""
     gpu = hal.probe(profile=profile).gpus[0]
     qwen = presets.get("qwen3-30b-a3b").spec("fp8_block128")
     ep_rank = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
     x2 = {(s.num_local_experts or s.num_experts, t): configs.choose(s, gpu, t).act_terms == 2
-          for s in (qwen, ep_rank) for t in (1, 8, 64, 512)}
+          for s in (qwen, ep_rank) for t in (1, 8, 64, 512, 4096)}
     expected = gpu.features.wgmma
-    assert x2 == {(128, 1): False, (128, 8): expected, (128, 64): expected, (128, 512): False,
-                  (32, 1): False, (32, 8): expected, (32, 64): expected, (32, 512): expected}
+    assert x2 == {(128, 1): False, (128, 8): expected, (128, 64): expected, (128, 512): expected,
+                  (128, 4096): False, (32, 1): False, (32, 8): expected, (32, 64): expected,
+                  (32, 512): expected, (32, 4096): False}
+    if expected:
+        prefill = configs.choose(qwen, gpu, 512)
+        assert prefill.block_m == 64 and prefill.h_fp8
+        for gemm in (prefill.gemm1, prefill.gemm2):
+            assert attrs.asdict(gemm) == dict(configs.W8A8X2_PREFILL, group_m=1)
     if gpu.vendor == "nvidia":
         assert configs.choose(ep_rank, gpu, 1).gemv1 is not None
     forced = configs.choose(qwen, gpu, 64, fp8_act=False)
@@ -201,7 +209,7 @@ def test_w8a16_prefill_swaps_gemm1_where_wgmma_keeps_it_in_flight():
     assert c.block_m == 128 and c.gemm1.swap_ab and not c.gemm2.swap_ab
     assert c.gemm1.block_k == 128 and c.gemm1.group_m <= configs.W8A16_SWAP_GROUP_M
     assert any("GEMM1 swap-AB" in r for r in c.reasons)
-    assert not configs.choose(fp8, h200, 512).gemm1.swap_ab  # 64-row blocks
+    assert not configs.choose(fp8, h200, 512, fp8_act=False).gemm1.swap_ab  # 64-row blocks
     assert not configs.choose(fp8, h200, 4096, swap_ab=False).gemm1.swap_ab
     assert configs.choose(fp8, h200, 4096, swap_ab=True).gemm2.swap_ab
     assert not configs.choose(fp8, h200, 4096, fp8_act=True).gemm1.swap_ab  # w8a8 prefill
