@@ -49,9 +49,9 @@ W8A8_DECODE_CANDIDATES = (
     (16, (64, 128, 4, 4, True), (64, 128, 4, 4, True)),
     (16, (64, 128, 4, 3, True), (128, 128, 4, 3, True)),
 )
-# w8a8x2 where the rule's blocks are 64 rows or more (there it keeps w8a16): blocks of 32 or 16 rows
-# with the decode tiles (swap-AB: the weights in wgmma's M), reading a busy expert's weights twice
-# or more, and 64-row swap-AB blocks with 8 warps.
+# w8a8x2 where the rule's blocks are 64 rows or more (the sweep behind configs.W8A8X2_PREFILL, the
+# last candidate): blocks of 32 or 16 rows with the decode tiles (swap-AB: the weights in wgmma's
+# M), reading a busy expert's weights twice or more, and 64-row swap-AB blocks with 8 warps.
 W8A8X2_PREFILL_CANDIDATES = (
     (32, (128, 128, 4, 3, True), (128, 128, 4, 4, True)),
     (32, (64, 128, 4, 4, True), (128, 128, 4, 4, True)),

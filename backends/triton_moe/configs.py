@@ -81,7 +81,7 @@ MAX_GROUP_M = 16
 W8A16_SWAP_MIN_BLOCK_M = 128
 W8A16_SWAP_GROUP_M = 8
 # fp8 weights by default on GPUs with wgmma: w8a8x2 (two e4m3 terms per activation, within the
-# contract) where blocks of at most 32 rows group routes by expert, else w8a16 (its GEMV, or a
+# contract) where blocks of at most 64 rows group routes by expert, else w8a16 (its GEMV, or a
 # block per route, where few routes rarely share an expert: there x2 tied and adds the
 # quantization launch). There w8a16's conversion of every weight tile to bf16 in registers costs
 # more than a second fp8 dot chained on the first. On the H200 (benchmarks/triton_moe_peer.py

@@ -134,7 +134,7 @@ def test_w8a8_rule_is_valid_everywhere(profile, model):
 
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
-def test_fp8_default_is_w8a8x2_at_small_blocks_on_wgmma_gpus(profile):
+def test_fp8_default_is_w8a8x2_up_to_64_row_blocks_on_wgmma_gpus(profile):
     """fp8 weights without fp8_act: two e4m3 terms per activation where blocks of 16 to 64 rows
     group routes by expert (qwen3-30b-a3b from 8 to 512 tokens, deepseek-v3's EP rank likewise;
     64-row blocks with the swap-AB prefill tiles), w8a16 for a block per route (qwen3-30b-a3b at 1
