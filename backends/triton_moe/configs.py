@@ -333,7 +333,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     fp8 = spec.weight_format == "fp8_block128"
     # The interpreter (no GPU) runs fp8 dots in software.
     fp8_mma = gpu is None or _has_fp8_mma(gpu)
-    # w8a8x2 pays where a block's rows share each weight tile: not on the GEMV, not one route per block.
+    # Where the 16-bit GEMV path runs, and where each block is one route (both reused below): w8a8x2 pays
+    # only elsewhere, where a block's rows share each weight tile.
     on_gemv = gemv is not False and uses_gemv(spec, bucket, False, sms, gemv)
     route_blocks = few_routes(spec, bucket) and not spec.is_ep
     x2_by_rule = (fp8 and fp8_act is None and gpu is not None and gpu.features.wgmma and fp8_mma
@@ -344,7 +345,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     if fp8 and fp8_act and not fp8_mma:
         reasons.append("w8a8 asked for, but this GPU has no fp8 tensor cores: w8a16")
     fp8_act = fp8 and bool(fp8_act) and fp8_mma
-    if fp8_act and gemv is not False and uses_gemv(spec, bucket, False, sms, gemv):
+    if fp8_act and on_gemv:
         # On the H200 at 1 token: deepseek-v3's EP rank 19.4 us on the GEMV against 37.8 w8a8
         # (21.5 with the input quantized by the launch, timed alone), kimi-k2's 14.7 against 24.1.
         fp8_act = False
@@ -430,7 +431,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         # Without an expert map, as vLLM 0.33.0's naive block assignment: under EP most routes
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).
-        per_route = few_routes(spec, bucket) and not spec.is_ep
+        per_route = route_blocks
         if per_route:
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "

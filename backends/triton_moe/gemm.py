@@ -221,7 +221,8 @@ def _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
             a_lo = quantize_remainder(a32, a, a_scale, w_ptr.dtype.element_ty)
     if DOT_F32:
         a = a.to(tl.float32)
-        a_lo = a_lo.to(tl.float32)
+        if A_TERMS == 2:
+            a_lo = a_lo.to(tl.float32)
     acc = _dot_step(acc, a, a_scale, a_lo, w_ptr, s_ptr, expert, gate_rows, n_ok, k0, offs_k, K,
                     N_TOTAL, stride_we, stride_se, scale_cols, group_size, FORMAT, A_FP8, A_TERMS, DOT_F32,
                     MXFP4_DOT_SCALED, A_FORMAT, BLOCK_K, BLOCK_N, SWAP_AB)
