@@ -26,7 +26,7 @@ no Triton), so it is tested on recorded profiles anywhere.
   per-row, per-128-column scale) on the same tiles, two fp8 x fp8 dots per K step chained on one
   accumulator before the scales: 3.1e-3 to 3.6e-3 off the oracle on the H200 (w8a16 4.3e-3 to
   4.5e-3). On GPUs with wgmma the rule takes it by default where blocks of at most 64 rows group
-  routes by expert (W8A8X2_MAX_BLOCK_M; its 64-row tiles W8A8X2_PREFILL).
+  routes by expert (W8A8X2_MAX_BLOCK_M; its 64-row tiles W8A8X2_PREFILL_GEMM1 / _GEMM2).
 """
 
 from __future__ import annotations
@@ -89,16 +89,22 @@ W8A16_SWAP_GROUP_M = 8
 # 129.0, kimi-k2's 112.3 against 119.6, qwen3-235b-a22b 261.7 against 282.8 (qwen3-30b-a3b 92.2
 # against 90.4); 64 tokens (BLOCK_M 16) 318.1 against 369.3 on deepseek-v3's EP rank, 586.3
 # against 657.2 on qwen3-235b-a22b; 512 tokens on the EP ranks (BLOCK_M 32) 431.3 against 608.2
-# and 617.2 against 882.7; 1 token (per-route GEMMs) within 1%. At BLOCK_M 64 (W8A8X2_PREFILL
+# and 617.2 against 882.7; 1 token (per-route GEMMs) within 1%. At BLOCK_M 64 (W8A8X2_PREFILL_*
 # tiles) the stages benchmark's sweep: qwen3-30b-a3b at 512 tokens 282.7 us against w8a16's 304.4,
-# qwen3-235b-a22b 937.3 against 1100.7. At 128-row blocks (4096 tokens: x2 at 64 rows) it was
-# timed on deepseek-v3's EP rank only (1428.5 against 1464.4), so w8a16 stays there.
+# qwen3-235b-a22b 937.3 against 1100.7. Where w8a16 takes 128-row blocks (4096 tokens), x2 on
+# 64-row blocks was slower on two layers (qwen3-30b-a3b 1160.9 us against 1135.2, qwen3-235b-a22b
+# 4158.5 against 4140.4) and 2% faster on deepseek-v3's EP rank (1428.5 against 1464.4), so
+# w8a16 stays there.
 W8A8X2_MAX_BLOCK_M = 64
-# w8a8x2 tiles at 64-row blocks: swap-AB for both GEMMs (the weights in wgmma's M, 128 per tile),
-# 8 warps, 3 stages, each block's N tiles in turn, as timed. In the usual order (the w8a8 prefill
-# tiles) every K step of GEMM 1 waits for four dots and x2 ran 1.2-1.4x slower than w8a16
+# w8a8x2 tiles at 64-row blocks, each block's N tiles in turn, as timed. GEMM 1: swap-AB (the
+# weights in wgmma's M, 128 per tile), 8 warps, 3 stages; in the usual order (the w8a8 prefill
+# tiles) each of its K steps waits for four dots and x2 ran 1.2-1.4x slower than w8a16
 # (qwen3-30b-a3b at 512 tokens 389.7 us against w8a16's 304.4; GEMM 1 258.0 against 147.7 swapped).
-W8A8X2_PREFILL = dict(block_n=128, block_k=128, num_warps=8, num_stages=3, swap_ab=True)
+# GEMM 2 (one accumulator): the usual order, 4 warps, 4 stages; beside GEMM 1 swapped the call ran
+# 1.0-1.3% faster than with GEMM 2 swapped on 8 warps (qwen3-30b-a3b at 512 tokens 280.3 us
+# against 284.0, qwen3-235b-a22b 953.7 against 963.5; at 4096 tokens 1.9%).
+W8A8X2_PREFILL_GEMM1 = dict(block_n=128, block_k=128, num_warps=8, num_stages=3, swap_ab=True)
+W8A8X2_PREFILL_GEMM2 = dict(block_n=128, block_k=128, num_warps=4, num_stages=4, swap_ab=False)
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)
@@ -275,10 +281,10 @@ def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, 
     accumulators (with the fp32 product of each K step that is 4 x BLOCK_M x 128 values held per
     program), else 4. On the H200 (qwen3-30b-a3b, 4096 tokens): GEMM 1 457.6 us with 8 warps against
     583.7 with 4, GEMM 2 262.4 with 4 against 386.7 with 8; BLOCK_M 128 with 128-wide gate and up
-    tiles spills registers (GEMM 1 1205 us). w8a8x2 at prefill: W8A8X2_PREFILL, fewer stages only
-    where they would not fit."""
+    tiles spills registers (GEMM 1 1205 us). w8a8x2 at prefill: W8A8X2_PREFILL_GEMM1 / _GEMM2,
+    fewer stages only where they would not fit."""
     if act_terms == 2 and not decode:
-        tile = W8A8X2_PREFILL
+        tile = W8A8X2_PREFILL_GEMM1 if tiles_n > 1 else W8A8X2_PREFILL_GEMM2
         # two e4m3 terms per activation (16 bits), the weight tile once
         stage = _stage_bytes(block_m, tile["block_n"], tile["block_k"], tiles_n, 16, 8)
         return GemmConfig(**dict(tile, num_stages=max(2, min(tile["num_stages"], int(smem // stage)))))
@@ -388,7 +394,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     # (measured with dot_scaled):
     # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
     # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
-    x2_prefill = fp8_act and act_terms == 2 and not decode  # its tiles as timed (W8A8X2_PREFILL)
+    x2_prefill = fp8_act and act_terms == 2 and not decode  # its tiles as timed (W8A8X2_PREFILL_*)
     if not decode and grouped_n and spec.weight_format != "mxfp4" and not x2_prefill:
         l2 = (gpu.l2_bytes if gpu is not None else None) or DEFAULT_L2
         gemm1 = attrs.evolve(gemm1, group_m=group_m(block_m, spec.hidden_size, a_bits, l2))
