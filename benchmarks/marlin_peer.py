@@ -234,17 +234,21 @@ def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
 
 
 def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: int | None = None,
-               fused: bool = True):
+               fusion: str | None = None):
+    """The layer with these choices forced; `fusion` None: the one the plan takes for them."""
     from backends.marlin import configs
     from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
 
+    if fusion is None:
+        fusion = configs.fusion_for(g13.splits)
     spec = kernel.spec
     kernel.loaded_ops().moe(x, tw, ti, data.w13, data.s13, data.w2, data.s2, data.b13, data.b2,
                             data.expert_map, out, spec.num_experts, spec.intermediate_size,
                             data.group13, data.group2, g13.config.index, g13.splits, g2.config.index,
                             g2.splits, configs.grid_m(spec, x.shape[0], block_m),
                             ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap, fused)
+                            float(spec.swiglu_limit), OVERLAP if overlap is None else overlap,
+                            configs.FUSIONS.index(fusion))
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -413,12 +417,16 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         variants["occupancy_first"] = [
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
+        from backends.marlin.configs import FUSIONS
+
         rule = kernel._choice(T)
-        for name, overlap, fused in (("sequential", 0, rule.fused), ("no_prefetch", 1, rule.fused),
-                                     ("unfused", None, not rule.fused)):
+        # (name, overlap, fusion): the rule's configs with one choice changed
+        forced = [("sequential", 0, rule.fusion), ("no_prefetch", 1, rule.fusion)]
+        forced += [(f"fusion_{f}", None, f) for f in FUSIONS if f != rule.fusion]
+        for name, overlap, fusion in forced:
             variants[name] = [
                 functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
-                                  rule.gemm2, overlap, fused)
+                                  rule.gemm2, overlap, fusion)
                 for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
@@ -431,11 +439,9 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     if ab:
         rec.update(occupancy_first_us=med["occupancy_first"],
                    occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
-                   vs_occupancy_first=med["occupancy_first"] / med["marlin"],
-                   sequential_us=med["sequential"], vs_sequential=med["sequential"] / med["marlin"],
-                   no_prefetch_us=med["no_prefetch"], vs_no_prefetch=med["no_prefetch"] / med["marlin"],
-                   fused=rule.fused, other_fusion_us=med["unfused"],
-                   vs_other_fusion=med["unfused"] / med["marlin"])
+                   vs_occupancy_first=med["occupancy_first"] / med["marlin"], fusion=rule.fusion)
+        for name, *_ in forced:
+            rec.update({f"{name}_us": med[name], f"vs_{name}": med[name] / med["marlin"]})
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -546,8 +552,8 @@ def main() -> int:
     parser.add_argument("--ab", action="store_true",
                         help="also time the occupancy-first config rule (the A/B of the cost model) and "
                              "the rule's configs with their launches one after another, with programmatic "
-                             "dependent launch but no weight prefetch, and with the other epilogue fusion "
-                             "(five launches where the rule fuses, three where it does not)")
+                             "dependent launch but no weight prefetch, and with each other epilogue fusion "
+                             "(configs.FUSIONS: five, four or three launches)")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()

@@ -76,11 +76,9 @@ OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) pe
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
 COST_TIE = 0.02
-# The largest token bucket whose layer fuses its epilogues (LayerChoice.fused). Above it GEMM 2's
-# fused rounding, whose last-arrival count needs every block to wait for its fp32 atomics to land,
-# ran 2-16% behind the rounding kernel on the H200 (EP layers and qwen3-30b-a3b at 256-3000 tokens),
-# below it 1-4% ahead.
-FUSE_UP_TO_TOKENS = 128
+# The layer's epilogue fusions, in the order of the op's `fusion` argument (Fusion in
+# csrc/cuda/marlin_moe_launch.h): five, four or three launches.
+FUSIONS = ("none", "activation", "activation_and_rounding")
 # Token buckets: plans are cached per power-of-two bucket of the batch size, up to this cap.
 MAX_TOKEN_BUCKET = 1 << 16
 
@@ -281,7 +279,7 @@ def routed_rows(spec: MoESpec, tokens: int, block_m: int) -> float:
 def output_bytes(spec: MoESpec, gemm: int, splits: int) -> float:
     """Bytes a block moves per output element of a routed row in its epilogue (Epilogue in
     marlin_moe_gemm.cuh): GEMM 2's fp32 atomic; GEMM 1's fp32 partial and its read by the
-    activation kernel, or with one split (fused) the activation in the activation dtype (half the
+    activation kernel, or with one split (activated in registers) the activation in the dtype (half the
     columns when gated)."""
     if gemm == 2:
         return OUTPUT_BYTES
@@ -341,6 +339,19 @@ def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: 
     return min(near, key=lambda c: (-c.blocks_per_sm, -inflight_bytes(c.config), c.splits, c.cost))
 
 
+def fusion_for(splits13: int) -> str:
+    """Which pointwise stages run in the GEMMs' epilogues (FUSIONS). Where GEMM 1 runs unsplit it
+    activates in registers and writes the GEMM-2 input in the dtype, with no fp32 round trip, and
+    the rounding kernel rounds GEMM 2's sums (four launches). Where GEMM 1 splits K, the activation
+    kernel sums the partials (five launches). On the H200 (docs/backends/marlin.md) the fused
+    activation ran 1.1-7.2% ahead of the activation kernel; GEMM 2's fused rounding, whose
+    last-arrival count makes every block wait for its fp32 atomics to land, ran behind the rounding
+    kernel at every measured point (0.4-3.5% up to 128 tokens, up to 20% above); the fused split
+    reduction (the last split of each tile sums the partials) behind the activation kernel on
+    average (1.6%), and 11-24% at 1024-3000 tokens."""
+    return "none" if splits13 > 1 else "activation"
+
+
 @attrs.frozen
 class LayerChoice:
     tokens_bucket: int
@@ -353,13 +364,8 @@ class LayerChoice:
     block_m_costs: tuple = ()
 
     @property
-    def fused(self) -> bool:
-        """The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches) where
-        GEMM 1 runs unsplit, so the activation runs in registers, up to FUSE_UP_TO_TOKENS. Otherwise
-        five launches, the activation and the rounding as kernels of their own: the fused split
-        reduction (the last split of each tile sums the partials) and, above that bucket, the fused
-        rounding measured slower on the H200 (docs/backends/marlin.md)."""
-        return self.gemm13.splits == 1 and self.tokens_bucket <= FUSE_UP_TO_TOKENS
+    def fusion(self) -> str:
+        return fusion_for(self.gemm13.splits)
 
     @property
     def cost(self) -> float:

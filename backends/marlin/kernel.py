@@ -143,7 +143,7 @@ class MarlinMoEKernel(MoEKernel):
                           grid_m=configs.grid_m(self.spec, tokens, bm), gemm13=choice.gemm13,
                           gemm2=choice.gemm2, policy=self.policy,
                           specialization=self.specialization.describe(),
-                          block_m_costs=choice.block_m_costs, fused=choice.fused)
+                          block_m_costs=choice.block_m_costs, fusion=choice.fusion)
 
     def _run(self, x, topk_weights, topk_ids, data: MarlinWeights, out) -> None:
         spec = self.spec
@@ -155,4 +155,5 @@ class MarlinMoEKernel(MoEKernel):
                 data.group13, data.group2, choice.gemm13.config.index, choice.gemm13.splits,
                 choice.gemm2.config.index, choice.gemm2.splits,
                 configs.grid_m(spec, x.shape[0], choice.block_m), ACTIVATION_CODES[spec.activation],
-                float(spec.swiglu_alpha), float(spec.swiglu_limit), OVERLAP, choice.fused)
+                float(spec.swiglu_alpha), float(spec.swiglu_limit), OVERLAP,
+                configs.FUSIONS.index(choice.fusion))

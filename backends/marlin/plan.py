@@ -21,7 +21,7 @@ class MarlinPlan:
     policy: str  # occupancy | first_valid
     specialization: str  # dtype, kIsEP, kHasBias, arch of the build that runs
     block_m_costs: tuple = ()  # (block_m, modeled cost) priced by the occupancy policy, cheapest first
-    fused: bool = True  # activation and rounding in the GEMM epilogues (else kernels of their own)
+    fusion: str = "activation"  # configs.FUSIONS: the stages in the GEMM epilogues
 
     def describe(self) -> str:
         why = ""
@@ -31,8 +31,12 @@ class MarlinPlan:
         head = (f"marlin ({self.specialization}, policy {self.policy}): {self.tokens} tokens "
                 f"(bucket {self.tokens_bucket}), block_m {self.block_m}{why}, ~{self.expected_blocks} "
                 f"MoE blocks (worst case {self.max_blocks}, grid {self.grid_m} along M); route -> ")
-        if self.fused:
-            return (head + f"GEMM1 + activation [{self.gemm13.describe()}] -> GEMM2 + top-k sum and "
-                    f"rounding [{self.gemm2.describe()}]")
-        return (head + f"GEMM1 [{self.gemm13.describe()}] -> activation -> GEMM2 + top-k sum "
-                f"[{self.gemm2.describe()}] -> rounding")
+        if self.fusion == "none":
+            gemm1 = f"GEMM1 [{self.gemm13.describe()}] -> activation -> "
+        else:
+            gemm1 = f"GEMM1 + activation [{self.gemm13.describe()}] -> "
+        if self.fusion == "activation_and_rounding":
+            gemm2 = f"GEMM2 + top-k sum and rounding [{self.gemm2.describe()}]"
+        else:
+            gemm2 = f"GEMM2 + top-k sum [{self.gemm2.describe()}] -> rounding"
+        return head + gemm1 + gemm2

@@ -172,13 +172,16 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   const int block_m = kEntries[p.config13].block_m;
   if (kEntries[p.config2].block_m != block_m) return cudaErrorInvalidValue;
   if (p.hidden % 64 != 0 || p.w13_rows % 64 != 0) return cudaErrorInvalidValue;
+  if (p.fusion < kFuseNone || p.fusion > kFuseActivationAndRounding) return cudaErrorInvalidValue;
   const int routes = p.tokens * p.top_k;
   const bool split13 = p.splits13 > 1;
+  const bool activate_in_gemm1 = p.fusion != kFuseNone;
+  const bool round_in_gemm2 = p.fusion == kFuseActivationAndRounding;
 
   cudaError_t err = run_route(RouteProblem{p.topk_ids, p.ids_int64, routes, p.num_experts,
                                            p.local_experts, block_m, p.expert_map, p.sorted_routes,
                                            p.block_expert, p.num_blocks, p.route_expert,
-                                           p.fused && split13 ? p.block_arrivals : nullptr,
+                                           activate_in_gemm1 && split13 ? p.block_arrivals : nullptr,
                                            p.w13_rows / 64},
                               stream);
   if (err != cudaSuccess) return err;
@@ -188,7 +191,7 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
                        1, false, routes, p.w13_rows, p.hidden, p.grid_m, p.config13, p.splits13};
   if ((err = check_gemm(g1)) != cudaSuccess) return err;
   GemmParams<T> p1 = plain_params(g1);
-  if (p.fused) {
+  if (activate_in_gemm1) {
     p1.mode = split13 ? kStoreThenActivate : kActivate;
     p1.act_out = static_cast<T*>(p.a2);
     p1.activation = p.activation;
@@ -196,18 +199,18 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
     p1.limit = p.limit;
     p1.arrivals = p.block_arrivals;
     p1.arrival_stride = p.w13_rows / 64;
-    p1.init = LayerInit<T>{p.acc, static_cast<T*>(p.out), p.token_arrivals, p.route_expert, p.tokens,
-                           p.top_k, p.hidden, p.splits2};
+    p1.init = LayerInit<T>{p.acc, static_cast<T*>(p.out), round_in_gemm2 ? p.token_arrivals : nullptr,
+                           p.route_expert, p.tokens, p.top_k, p.hidden, p.splits2};
   }
   // GEMM 1 launches while the routing runs and waits for it; GEMM 2 launches when every GEMM 1
-  // block is on its last MoE block (fused) or the activation kernel ends, prefetches its first
-  // weights into L2, then waits for its predecessor.
+  // block is on its last MoE block (activation fused) or the activation kernel ends, prefetches
+  // its first weights into L2, then waits for its predecessor.
   const bool programmatic = p.overlap > 0 && programmatic_launch_supported();
   if ((err = kEntries[p.config13].launch(p1, p.grid_m, p.splits13, programmatic, stream)) != cudaSuccess)
     return err;
 
   const long long acc_count = static_cast<long long>(p.tokens) * p.hidden;
-  if (!p.fused) {
+  if (!activate_in_gemm1) {
     const long long act_items = static_cast<long long>(routes) * (p.inter / 4);
     moe_activation<T, kIsEP>
         <<<pointwise_blocks(act_items > acc_count / 4 ? act_items : acc_count / 4), kPointwiseThreads, 0,
@@ -221,7 +224,7 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
                        p.inter, p.grid_m, p.config2, p.splits2};
   if ((err = check_gemm(g2)) != cudaSuccess) return err;
   GemmParams<T> p2 = plain_params(g2);
-  if (p.fused) {
+  if (round_in_gemm2) {
     p2.mode = kAtomicThenRound;
     p2.arrivals = p.token_arrivals;
     p2.arrival_stride = p.hidden / 64;
@@ -231,7 +234,7 @@ cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream) {
   p2.prefetch_before_wait = programmatic && p.overlap == 2;
   if ((err = kEntries[p.config2].launch(p2, p.grid_m, p.splits2, programmatic, stream)) != cudaSuccess)
     return err;
-  if (!p.fused) {
+  if (!round_in_gemm2) {
     moe_to_dtype<T><<<pointwise_blocks(acc_count / 4), kPointwiseThreads, 0, stream>>>(
         p.acc, static_cast<T*>(p.out), acc_count);
     return cudaGetLastError();

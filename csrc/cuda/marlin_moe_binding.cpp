@@ -129,7 +129,7 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
          const std::optional<Tensor>& b2, const std::optional<Tensor>& expert_map, const Tensor& out,
          int64_t num_experts, int64_t inter, int64_t group13, int64_t group2, int64_t config13, int64_t splits13,
          int64_t config2, int64_t splits2, int64_t grid_m, int64_t activation, double alpha,
-         double limit, int64_t overlap, bool fused) {
+         double limit, int64_t overlap, int64_t fusion) {
   const c10::cuda::CUDAGuard guard(x.device());
   check_on(x, x, "x");
   for (const Tensor* t : {&topk_weights, &topk_ids, &w13, &s13, &w2, &s2, &out}) check_on(*t, x, "moe operand");
@@ -150,14 +150,20 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   Tensor block_expert = at::empty({max_blocks}, opts_i);
   Tensor num_blocks = at::empty({1}, opts_i);
   Tensor route_expert = at::empty({routes}, opts_i);
-  // Fused with one K split, GEMM 1 activates in registers: no partials and no arrival counters.
+  TORCH_CHECK(fusion >= hal_marlin::kFuseNone && fusion <= hal_marlin::kFuseActivationAndRounding,
+              "fusion=", fusion, ": expected 0 (none), 1 (activation) or 2 (activation and rounding)");
+  // With one K split and the activation fused, GEMM 1 activates in registers: no partials and no
+  // arrival counters.
   const bool split13 = splits13 > 1;
-  const bool partials = split13 || !fused;
+  const bool activate_in_gemm1 = fusion != hal_marlin::kFuseNone;
+  const bool round_in_gemm2 = fusion == hal_marlin::kFuseActivationAndRounding;
+  const bool partials = split13 || !activate_in_gemm1;
   Tensor c1 = at::empty({partials ? splits13 * routes * w13_rows : 0}, opts_f);
-  Tensor block_arrivals = at::empty({fused && split13 ? max_blocks * (w13_rows / 64) : 0}, opts_i);
+  Tensor block_arrivals =
+      at::empty({activate_in_gemm1 && split13 ? max_blocks * (w13_rows / 64) : 0}, opts_i);
   Tensor a2 = at::empty({routes, inter}, x.options());
   Tensor acc = at::empty({tokens, hidden}, opts_f);
-  Tensor token_arrivals = at::empty({fused ? tokens * (hidden / 64) : 0}, opts_i);
+  Tensor token_arrivals = at::empty({round_in_gemm2 ? tokens * (hidden / 64) : 0}, opts_i);
   const int* map = nullptr;
   if (expert_map.has_value()) {
     check_on(*expert_map, x, "expert_map");
@@ -194,17 +200,17 @@ void moe(const Tensor& x, const Tensor& topk_weights, const Tensor& topk_ids, co
   p.limit = static_cast<float>(limit);
   TORCH_CHECK(overlap >= 0 && overlap <= 2, "overlap=", overlap, ": expected 0, 1 or 2");
   p.overlap = static_cast<int>(overlap);
-  p.fused = fused;
+  p.fusion = static_cast<int>(fusion);
   p.grid_m = static_cast<int>(std::max<int64_t>(1, std::min(grid_m, max_blocks)));
   p.sorted_routes = sorted.data_ptr<int>();
   p.block_expert = block_expert.data_ptr<int>();
   p.num_blocks = num_blocks.data_ptr<int>();
   p.route_expert = route_expert.data_ptr<int>();
   p.c1 = partials ? c1.data_ptr<float>() : nullptr;
-  p.block_arrivals = fused && split13 ? block_arrivals.data_ptr<int>() : nullptr;
+  p.block_arrivals = activate_in_gemm1 && split13 ? block_arrivals.data_ptr<int>() : nullptr;
   p.a2 = a2.data_ptr();
   p.acc = acc.data_ptr<float>();
-  p.token_arrivals = fused ? token_arrivals.data_ptr<int>() : nullptr;
+  p.token_arrivals = round_in_gemm2 ? token_arrivals.data_ptr<int>() : nullptr;
   check_cuda(hal_marlin::run_moe(p, c10::cuda::getCurrentCUDAStream()), "marlin moe launch");
 }
 
@@ -225,6 +231,6 @@ TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
   m.def("moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor s13, Tensor w2, "
         "Tensor s2, Tensor? b13, Tensor? b2, Tensor? expert_map, Tensor(a!) out, int num_experts, "
         "int inter, int group13, int group2, int config13, int splits13, int config2, int splits2, "
-        "int grid_m, int activation, float alpha, float limit, int overlap, bool fused) -> ()",
+        "int grid_m, int activation, float alpha, float limit, int overlap, int fusion) -> ()",
         &moe);
 }

@@ -39,14 +39,15 @@ namespace hal_marlin {
 enum Epilogue : int { kStore = 0, kAtomic = 1, kActivate = 2, kStoreThenActivate = 3, kAtomicThenRound = 4 };
 
 // GEMM 1 of a layer prepares what GEMM 2 finishes into (it runs first on the stream): zeroes the
-// fp32 token sums, starts each (token, column tile) arrival counter at the arrivals that will never
-// come ((top_k - computed routes of the token) * GEMM 2's K splits), and writes the zero output
-// rows of tokens none of whose routes is computed here (other ranks' experts, dropped routes).
+// fp32 token sums and, where GEMM 2 rounds them itself (arrivals not null), starts each (token,
+// column tile) arrival counter at the arrivals that will never come ((top_k - computed routes of
+// the token) * GEMM 2's K splits) and writes the zero output rows of tokens none of whose routes is
+// computed here (other ranks' experts, dropped routes).
 template <typename T>
 struct LayerInit {
   float* acc;               // [tokens][hidden], or null: nothing to prepare
-  T* out;                   // [tokens][hidden]
-  int* arrivals;            // [tokens][hidden / 64]
+  T* out;                   // [tokens][hidden] (with arrivals)
+  int* arrivals;            // [tokens][hidden / 64], or null: a kernel of its own rounds the sums
   const int* route_expert;  // [tokens * top_k] local expert of each route, -1 when not computed
   int tokens, top_k, hidden, splits;
 };
@@ -447,6 +448,7 @@ __device__ __forceinline__ void layer_init(const LayerInit<T>& in) {
 #pragma unroll 1
   for (long long i = first; i < quads; i += threads)
     reinterpret_cast<float4*>(in.acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (in.arrivals == nullptr) return;
   // One warp per (token, 64-column tile): lane 0 starts its counter, and when the token is idle
   // the warp writes its 64 zero outputs, two consecutive ones a lane, so each store instruction
   // covers 128 contiguous bytes (out is the caller's tensor: no alignment beyond its dtype's).

@@ -58,11 +58,20 @@ struct RouteProblem {
 
 cudaError_t run_route(const RouteProblem& r, cudaStream_t stream);
 
-// Whole layer, fused in three launches: route; GEMM 1 with the activation in its epilogue (K-split
-// partials summed by the last split of each tile), which also zeroes GEMM 2's accumulator; GEMM 2
-// weighted by topk_weights, atomically summed per token, each token's tile rounded to the dtype by
-// its last arrival. Not fused, in five: the activation (which zeroes the accumulator) and the
-// rounding are kernels of their own.
+// Which pointwise stages of the layer run in the GEMMs' epilogues instead of as kernels of their own.
+enum Fusion : int {
+  // Five launches: route; GEMM 1 stores an fp32 partial for every K split, one split included; the
+  // activation kernel sums them, activates, and zeroes GEMM 2's accumulator; GEMM 2 weighted by
+  // topk_weights, atomically summed per token; the rounding kernel.
+  kFuseNone = 0,
+  // Four: GEMM 1 activates in its epilogue (K-split partials summed by the last split of each tile)
+  // and zeroes GEMM 2's accumulator; GEMM 2; the rounding kernel.
+  kFuseActivation = 1,
+  // Three: as kFuseActivation, and the last route or K split of each token tile to arrive in GEMM 2
+  // rounds it to the dtype.
+  kFuseActivationAndRounding = 2,
+};
+
 struct MoeProblem {
   const void* x;
   const float* topk_weights;
@@ -88,20 +97,17 @@ struct MoeProblem {
   // the device (marlin_moe_pdl.cuh); 2 as 1, and GEMM 2's blocks prefetch their first weights into
   // L2 before they wait.
   int overlap;
-  // The activation in GEMM 1's epilogue and the rounding in GEMM 2's (three launches), or both as
-  // kernels of their own between and after the GEMMs (five launches; GEMM 1 then stores a partial
-  // for every K split, one split included).
-  bool fused;
+  int fusion;  // Fusion
   // workspace, sized for the worst-case block count
   int* sorted_routes;
   int* block_expert;
   int* num_blocks;
   int* route_expert;
-  float* c1;   // [splits13][routes][w13_rows], one partial sum per K split (splits13 > 1 or not fused)
-  int* block_arrivals;  // [max_blocks][w13_rows / 64] (fused and splits13 > 1)
+  float* c1;   // [splits13][routes][w13_rows], one partial per K split (splits13 > 1 or kFuseNone)
+  int* block_arrivals;  // [max_blocks][w13_rows / 64] (splits13 > 1, not kFuseNone)
   void* a2;    // [routes][inter], activation dtype
   float* acc;  // [tokens][hidden], GEMM 2's fp32 sums over splits and top-k routes
-  int* token_arrivals;  // [tokens][hidden / 64] (fused)
+  int* token_arrivals;  // [tokens][hidden / 64] (kFuseActivationAndRounding)
 };
 
 cudaError_t run_moe(const MoeProblem& p, cudaStream_t stream);

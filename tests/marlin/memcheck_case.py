@@ -24,7 +24,7 @@ def main() -> int:
     w = attrs.evolve(w, expert_map=random_expert_map(spec, seed=2, device="cuda"))
     prepared = kernel.prepare_weights(w)
     worst = 0.0
-    for m in (1, 5, 70):  # decode (split K, atomics) and a multi-block batch
+    for m in (1, 5, 70, 300):  # decode (split K, atomics) and multi-block batches
         x = random_tokens(spec, m, seed=m, device="cuda")
         tw, ti = random_routing(spec, m, seed=m + 1, device="cuda")
         out = kernel(x, tw, ti, prepared)

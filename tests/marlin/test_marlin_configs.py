@@ -98,8 +98,8 @@ def test_occupancy_never_costlier_than_first_valid(shape):
 
 DATA = Path(__file__).parent / "data"
 # The recorded H200 sweeps (benchmarks/marlin_peer.py --sweep-tokens): 16-256 tokens, every config
-# at the rule's K split plus splits around the fastest; 1-8 tokens, every config and K split at
-# block_m 8 (--sweep-all-splits), on the three-launch kernels.
+# at the rule's K split plus splits around the fastest (the five-launch kernels); 1-8 tokens, every
+# config and K split at block_m 8 (--sweep-all-splits), each with the epilogues the plan then took.
 SWEEP = "h200_config_sweep.json"
 DECODE_SWEEP = "h200_decode_sweep.json"
 
@@ -171,15 +171,18 @@ def test_cost_model_is_near_the_fastest_measured_everywhere():
 
 
 def test_cost_model_is_near_the_fastest_measured_at_decode():
-    """Every point of the 1-8 token sweep (7 layers, every config and K split at block_m 8): within
-    13% of the fastest measured, 4.5% on average. The model before output bytes counted routed
-    rows only and a block's fixed cost halved: 25% at worst (qwen3-30b-a3b at 4 tokens, too few K
-    splits), 7.2% on average."""
+    """Every point of the 1-8 token sweep (7 layers, every config and K split at block_m 8, each
+    with the epilogues the plan then took for it): 3.1% longer than the fastest measured on
+    average, 14.2% at worst (deepseek-v3 EP8 at 1 token: 5 us of 36, GEMM 1 split 16 ways on
+    64-wide tiles where 4 splits of 128-wide ones were fastest). On the recording it replaced (the
+    earlier kernels, every K split of GEMM 1 with the fused split reduction) the model before
+    output bytes counted routed rows only and a block's fixed cost halved was 25% off at worst
+    (qwen3-30b-a3b at 4 tokens, too few K splits), 7.2% on average; this one 12.3% and 3.9%."""
     ratios = rule_against_sweep(DECODE_SWEEP)
     assert len(ratios) == 28
     worst = max(ratios)
-    assert worst[0] <= 1.13, worst
-    assert geomean([r for r, _, _ in ratios]) <= 1.045
+    assert worst[0] <= 1.15, worst
+    assert geomean([r for r, _, _ in ratios]) <= 1.035
 
 
 def test_block_m_is_part_of_the_occupancy_model():
@@ -206,17 +209,18 @@ def test_decode_prefers_the_wide_three_stage_tile_with_more_k_splits():
     assert c.gemm2.config.describe() == "m8 k64 n256 t128 s3" and c.gemm2.splits == 16
 
 
-def test_layer_fuses_its_epilogues_where_gemm1_runs_unsplit_at_small_batches():
-    """Three launches (activation in GEMM 1's registers, rounding in GEMM 2) where GEMM 1 has one K
-    split, up to FUSE_UP_TO_TOKENS; five (the activation and rounding kernels) otherwise."""
+def test_layer_fuses_the_activation_where_gemm1_runs_unsplit():
+    """Where GEMM 1 has one K split it activates in registers (four launches, the rounding kernel
+    last); five (the activation and rounding kernels) where GEMM 1 splits K, at any batch size."""
     gpu = hal.GpuCaps(vendor="nvidia", **sweep()["gpu"])
-    spec, table = recorded_layer("mixtral-8x7b")
     seen = set()
-    for tokens in (1, 8, 16, 64, 128, 256, 1024, 4096):
-        c = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
-        assert c.fused == (c.gemm13.splits == 1 and tokens <= configs.FUSE_UP_TO_TOKENS)
-        seen.add((c.fused, c.gemm13.splits == 1))
-    assert seen == {(True, True), (False, False), (False, True)}
+    for layer in ("mixtral-8x7b", "qwen3-235b-a22b"):  # the second splits GEMM 1 at 1024 tokens
+        spec, table = recorded_layer(layer)
+        for tokens in (1, 8, 16, 64, 128, 256, 1024, 4096):
+            c = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
+            assert c.fusion == ("none" if c.gemm13.splits > 1 else "activation")
+            seen.add((c.fusion, tokens <= 128))
+    assert seen == {("none", True), ("activation", True), ("none", False), ("activation", False)}
 
 
 def test_split_options_keep_whole_stages():

@@ -174,11 +174,11 @@ def test_every_compiled_config_and_split():
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai", "relu2"])
 def test_fused_epilogues_at_every_k_split(activation):
-    """The layer with its configs forced: GEMM 1 activates in registers (one K split) or in the last
-    K split of each tile to arrive, GEMM 2 rounds each token's sums in its last arrival, at every K
-    split of both GEMMs, and the same with the activation and rounding as kernels of their own
-    (not fused); with a grid smaller than the block count, tokens whose routes all go to other
-    ranks or are dropped (-1), and bias."""
+    """The layer with its configs forced, at every K split of both GEMMs and every fusion: GEMM 1
+    activates in registers (one K split) or in the last K split of each tile to arrive, GEMM 2
+    rounds each token's sums in its last arrival or the rounding kernel does, or both the
+    activation and the rounding are kernels of their own; with a grid smaller than the block count,
+    tokens whose routes all go to other ranks or are dropped (-1), and bias."""
     from backends.marlin.kernel import ACTIVATION_CODES
 
     spec = hal.MoESpec(64, 4, 1024, 512, "int4_g128", activation, has_bias=True, num_local_experts=24)
@@ -201,19 +201,20 @@ def test_fused_epilogues_at_every_k_split(activation):
         ref = ops.moe_tokens(spec, x, tw.float(), ti, w, compute_dtype=torch.float64)
         for desc in ("m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4"):
             cfg = next(c for c in configs.candidates() if c.describe() == desc)
-            for s13, s2, fused in itertools.product(configs.split_options(cfg, spec.hidden_size),
-                                                    configs.split_options(cfg, spec.intermediate_size),
-                                                    (True, False)):
+            for s13, s2, fusion in itertools.product(configs.split_options(cfg, spec.hidden_size),
+                                                     configs.split_options(cfg, spec.intermediate_size),
+                                                     range(len(configs.FUSIONS))):
                 out = poison(torch.empty_like(x))
                 op.moe(x, tw.float().contiguous(), ti, data.w13, data.s13, data.w2, data.s2, data.b13,
                        data.b2, data.expert_map, out, spec.num_experts, spec.intermediate_size,
                        data.group13, data.group2, cfg.index, s13, cfg.index, s2, 2,
                        ACTIVATION_CODES[activation], float(spec.swiglu_alpha),
-                       float(spec.swiglu_limit), (s13 + s2) % 3, fused)
+                       float(spec.swiglu_limit), (s13 + s2) % 3, fusion)
                 err = rel_err(out, ref)
                 idle = ~(local >= 0).any(dim=1)
                 if not torch.isfinite(out).all() or err > REL_TOL or not (out[idle] == 0).all():
-                    failures.append(f"m={m} {desc} splits {s13}/{s2} fused {fused}: rel err {err:.3g}")
+                    failures.append(f"m={m} {desc} splits {s13}/{s2} fusion "
+                                    f"{configs.FUSIONS[fusion]}: rel err {err:.3g}")
     assert not failures, failures
 
 
@@ -298,3 +299,4 @@ def test_memcheck_ep_bias_case():
     tail = (run.stdout + run.stderr)[-4000:]
     assert run.returncode == 0, tail
     assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr, tail
+
