@@ -417,16 +417,27 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         variants["occupancy_first"] = [
             functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
             for s, o in zip(sets, outs, strict=True)]
-        from backends.marlin.configs import FUSIONS
+        from backends.marlin import configs
 
         rule = kernel._choice(T)
         # (name, overlap, fusion): the rule's configs with one choice changed
         forced = [("sequential", 0, rule.fusion), ("no_prefetch", 1, rule.fusion)]
-        forced += [(f"fusion_{f}", None, f) for f in FUSIONS if f != rule.fusion]
+        forced += [(f"fusion_{f}", None, f) for f in configs.FUSIONS if f != rule.fusion]
         for name, overlap, fusion in forced:
             variants[name] = [
                 functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
                                   rule.gemm2, overlap, fusion)
+                for s, o in zip(sets, outs, strict=True)]
+        # The cost model with the epilogue inside the mainloop's time, where it chooses otherwise.
+        overlapped = configs.choose_layer(kernel._gpu, kernel.kernel_attributes(), layer.spec,
+                                          rule.tokens_bucket, serial_epilogue=False)
+        if (overlapped.block_m, overlapped.gemm13.config, overlapped.gemm13.splits, overlapped.gemm2.config,
+                overlapped.gemm2.splits) != (rule.block_m, rule.gemm13.config, rule.gemm13.splits,
+                                             rule.gemm2.config, rule.gemm2.splits):
+            forced.append(("overlapped_epilogue", None, None))
+            variants["overlapped_epilogue"] = [
+                functools.partial(run_forced, kernel, prepared.data, *s, o, overlapped.block_m,
+                                  overlapped.gemm13, overlapped.gemm2)
                 for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
@@ -552,8 +563,9 @@ def main() -> int:
     parser.add_argument("--ab", action="store_true",
                         help="also time the occupancy-first config rule (the A/B of the cost model) and "
                              "the rule's configs with their launches one after another, with programmatic "
-                             "dependent launch but no weight prefetch, and with each other epilogue fusion "
-                             "(configs.FUSIONS: five, four or three launches)")
+                             "dependent launch but no weight prefetch, with each other epilogue fusion "
+                             "(configs.FUSIONS: five, four or three launches), and the cost model's choice "
+                             "with the epilogue inside the mainloop's time where it differs")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()

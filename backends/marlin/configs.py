@@ -55,8 +55,9 @@ GRID_M_SLACK = 2
 # --- the cost model (policy "occupancy") -------------------------------------------------------
 # A GEMM's modeled time, in bytes streamed at one SM's share of the memory bandwidth: the busiest
 # SM runs ceil(thread blocks / SMs) blocks one after another, each block's work is the larger of
-# its bytes (int4 weight tile, bf16 activations, fp32 output) and its multiply-adds over
-# MACS_PER_BYTE, plus CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
+# its mainloop's bytes (int4 weight tile, bf16 activations) and its multiply-adds over
+# MACS_PER_BYTE, then its epilogue's output bytes (they follow the mainloop), plus
+# CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
 # resident blocks works at r / (r + HALF_RATE_BLOCKS) of its rate (one block stalls the SM at
 # every stage barrier; a second one fills those stalls). Activation bytes count in full, for every
 # row of the block, although they come from L2 and padding rows are not read at all: a block
@@ -64,8 +65,8 @@ GRID_M_SLACK = 2
 # weights, and padding rows cost it the same stores, ldmatrix and mma rows. Output bytes count for
 # routed rows only (output_bytes). Checked on the H200 against two recorded sweeps over seven MoE
 # layers (benchmarks/marlin_peer.py --sweep-tokens; docs/backends/marlin.md): at 16-256 tokens
-# within 1.0% of the fastest on average, 4.8% at worst; at 1-8 tokens (every config and K split)
-# 3.9% and 12.3%.
+# within 1.1% of the fastest on average, 4.8% at worst; at 1-8 tokens (every config and K split)
+# 3.1% and 14.2%.
 MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compute and memory balance
 # Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
 # sub and mul per register run beside the mma, once per block however many rows it holds).
@@ -289,9 +290,12 @@ def output_bytes(spec: MoESpec, gemm: int, splits: int) -> float:
 
 
 def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, per_sm: int, splits: int,
-              n: int, k: int, gemm: int) -> float:
+              n: int, k: int, gemm: int, serial_epilogue: bool = True) -> float:
     """Modeled time of GEMM `gemm` (1 or 2; see MACS_PER_BYTE above), in bytes at one SM's share
-    of the memory bandwidth."""
+    of the memory bandwidth. The epilogue's outputs follow the mainloop, so they add to its time;
+    serial_epilogue False counts them inside the mainloop's max (the model before, an A/B baseline:
+    it hid a compute-bound block's fp32 K-split partials, and split GEMM 1 where the same config
+    unsplit ran 3.7-9.3% faster on the H200)."""
     blocks = spec.local_experts * blocks_per_expert(spec, tokens, config.block_m)
     ctas = max(1.0, blocks) * (n // config.thread_n) * splits
     rounds = math.ceil(ctas / (gpu.sm_count or 1))
@@ -299,16 +303,16 @@ def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, pe
     # Activations count for every row of the block: padding rows are zero-filled, not read, but
     # they cost the block its shared-memory stores, ldmatrix and mma rows all the same. Outputs
     # count for routed rows only: padding rows are never written.
-    memory = (config.thread_n * k_split / 2 + config.block_m * k_split * 2
-              + routed_rows(spec, tokens, config.block_m) * config.thread_n
-              * output_bytes(spec, gemm, splits))
+    memory = config.thread_n * k_split / 2 + config.block_m * k_split * 2
+    outputs = routed_rows(spec, tokens, config.block_m) * config.thread_n * output_bytes(spec, gemm, splits)
     compute = (config.block_m + DEQUANT_ROWS) * config.thread_n * k_split / MACS_PER_BYTE
+    block = max(memory, compute) + outputs if serial_epilogue else max(memory + outputs, compute)
     resident = min(per_sm, rounds)
-    return rounds * (max(memory, compute) + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
+    return rounds * (block + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
 
 
 def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, gemm: int,
-                policy: str = "occupancy") -> GemmChoice:
+                policy: str = "occupancy", serial_epilogue: bool = True) -> GemmChoice:
     """The config and K split for GEMM `gemm` of the layer (1: x @ W13, 2: act @ W2) at one
     block_m. `table` maps LaunchConfig.index -> KernelAttrs."""
     if policy not in POLICIES:
@@ -329,7 +333,7 @@ def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: 
             return GemmChoice(config, splits, per_sm, limiter, ctas * splits,
                               gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k, gemm))
         for splits in split_options(config, k):
-            cost = gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k, gemm)
+            cost = gemm_cost(gpu, spec, tokens, config, per_sm, splits, n, k, gemm, serial_epilogue)
             scored.append(GemmChoice(config, splits, per_sm, limiter, ctas * splits, cost))
     if not scored:
         raise ValueError(f"no compiled Marlin config fits n={n}, k={k}, block_m={block_m} on "
@@ -372,14 +376,15 @@ class LayerChoice:
         return self.gemm13.cost + self.gemm2.cost
 
 
-def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int,
-                 policy: str = "occupancy") -> LayerChoice:
+def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int, policy: str = "occupancy",
+                 serial_epilogue: bool = True) -> LayerChoice:
     """Both GEMMs of the layer for one token bucket; they share block_m (one routing). The
     occupancy policy models every compiled block_m with its best configs and takes the cheapest
-    (ties to the smaller block); first_valid takes block_m_for's padding rule."""
+    (ties to the smaller block); first_valid takes block_m_for's padding rule. serial_epilogue:
+    see gemm_cost."""
     def at(block_m):
-        g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 1, policy)
-        g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 2, policy)
+        g13 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 1, policy, serial_epilogue)
+        g2 = choose_gemm(gpu, table, spec, tokens_bucket, block_m, 2, policy, serial_epilogue)
         return LayerChoice(tokens_bucket, block_m, g13, g2, policy)
 
     if policy == "first_valid":
