@@ -65,7 +65,7 @@ GRID_M_SLACK = 2
 # weights, and padding rows cost it the same stores, ldmatrix and mma rows. Output bytes count for
 # routed rows only (output_bytes). Checked on the H200 against two recorded sweeps over seven MoE
 # layers (benchmarks/marlin_peer.py --sweep-tokens; docs/backends/marlin.md): at 16-256 tokens
-# within 1.1% of the fastest on average, 4.8% at worst; at 1-8 tokens (every config and K split)
+# within 0.9% of the fastest on average, 5.2% at worst; at 1-8 tokens (every config and K split)
 # 3.1% and 14.2%.
 MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compute and memory balance
 # Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
