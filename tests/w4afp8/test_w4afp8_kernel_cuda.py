@@ -108,6 +108,35 @@ def test_every_tile_and_odd_max_m(target, expected_rows):
     run_both(spec_of(4), target, [45, 7, 0, 33], 45, expected_rows, seed=11)
 
 
+def test_planes_tile_of_32_rows(target):
+    """The planes path on a 32-row tile (two warps, 32 columns), forced: measured faster than the
+    rule's per-group tile at 32 rows, it joins the rule once this passes on the GPU. Both feeds,
+    an expert walking a second m-block, an empty one."""
+    from backends.w4afp8 import configs
+    from backends.w4afp8.kernel import W4AFp8MaskedKernel
+
+    spec = spec_of(4)
+    tile = configs.GemmTile(32, 32, 2, 4, "planes")
+    weights = weights_of(spec, target.device, 13)
+    counts = [45, 7, 0, 33]
+    outs = {}
+    for variant in ("requant", "fused"):
+        kernel = W4AFp8MaskedKernel(spec, target, variant, tile=tile)
+        x, scale, masked_m = random_masked_inputs(4, spec.hidden_size, 45, counts, seed=14,
+                                                  device=target.device, fp8_dtype=kernel.fp8_dtype)
+        ref = oracle(spec, x, scale, masked_m, weights)
+        out = poison(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
+        kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=24, out=out)
+        torch.cuda.synchronize()
+        for e, m in enumerate(counts):
+            assert bool(is_poison(out[e, m:]).all()), f"{variant}: expert {e}: a row >= masked_m was written"
+            if m:
+                err = rel_err(out[e, :m], ref[e, :m])
+                assert err <= ACCURACY, f"{variant}: expert {e}: rel err {err:.2e}"
+        outs[variant] = out
+    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
+
+
 @pytest.mark.parametrize("expected_rows", [116, 200])
 def test_prefill_rows(target, expected_rows):
     """The 128-row folded tile and, in the per-group baseline, the 128- and 256-row FP8 tiles;
