@@ -68,11 +68,13 @@ def oracle(spec, x, scale, masked_m, weights):
     return ops.moe_masked(spec, x, scale, masked_m, weights, out, compute_dtype=torch.float64)
 
 
-def run_both(spec, target, counts, max_m, expected_rows, seed, layout="column"):
+def run_both(spec, target, counts, max_m, expected_rows, seed, layout="column", runs=None, weights=None):
     """Both feeds on fresh inputs: every live row within ACCURACY of the oracle, every dead row still
-    poison, and the two feeds' outputs equal byte for byte."""
-    runs = kernels(spec, target)
-    weights = weights_of(spec, target.device, seed)
+    poison, and the two feeds' outputs equal byte for byte. runs: the kernels by name, "requant" and
+    "fused" among them (default: the selected kernel and its baselines); weights: fresh ones of
+    `seed` unless given."""
+    runs = runs or kernels(spec, target)
+    weights = weights_of(spec, target.device, seed) if weights is None else weights
     x, scale, masked_m = random_masked_inputs(spec.local_experts, spec.hidden_size, max_m, counts,
                                               seed=seed + 1, device=target.device, scale_layout=layout,
                                               fp8_dtype=runs["fused"].fp8_dtype)
@@ -117,24 +119,8 @@ def test_planes_tile_of_32_rows(target):
 
     spec = spec_of(4)
     tile = configs.GemmTile(32, 32, 2, 4, "planes")
-    weights = weights_of(spec, target.device, 13)
-    counts = [45, 7, 0, 33]
-    outs = {}
-    for variant in ("requant", "fused"):
-        kernel = W4AFp8MaskedKernel(spec, target, variant, tile=tile)
-        x, scale, masked_m = random_masked_inputs(4, spec.hidden_size, 45, counts, seed=14,
-                                                  device=target.device, fp8_dtype=kernel.fp8_dtype)
-        ref = oracle(spec, x, scale, masked_m, weights)
-        out = poison(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
-        kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=24, out=out)
-        torch.cuda.synchronize()
-        for e, m in enumerate(counts):
-            assert bool(is_poison(out[e, m:]).all()), f"{variant}: expert {e}: a row >= masked_m was written"
-            if m:
-                err = rel_err(out[e, :m], ref[e, :m])
-                assert err <= ACCURACY, f"{variant}: expert {e}: rel err {err:.2e}"
-        outs[variant] = out
-    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
+    runs = {variant: W4AFp8MaskedKernel(spec, target, variant, tile=tile) for variant in ("requant", "fused")}
+    run_both(spec, target, [45, 7, 0, 33], 45, 24, seed=13, runs=runs)
 
 
 @pytest.mark.parametrize("expected_rows", [116, 200])
@@ -207,22 +193,7 @@ def test_folded_path_scales(target, scales):
     kernel = kernels(spec, target)["requant"]
     prepared = kernel.prepare_weights(weights)
     assert prepared.data.foldable == (scales == "tiny")
-    counts = [60, 3, 0, 48]
-    x, scale, masked_m = random_masked_inputs(4, spec.hidden_size, 60, counts, seed=20, device=target.device,
-                                              fp8_dtype=kernel.fp8_dtype)
-    ref = oracle(spec, x, scale, masked_m, weights)
-    outs = {}
-    for name, k in kernels(spec, target).items():
-        out = poison(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
-        k(x, scale, masked_m, k.prepare_weights(weights), expected_rows=48, out=out)
-        torch.cuda.synchronize()
-        for e, m in enumerate(counts):
-            assert bool(is_poison(out[e, m:]).all()), f"{name}: expert {e}: a row >= masked_m was written"
-            if m:
-                err = rel_err(out[e, :m], ref[e, :m])
-                assert err <= ACCURACY, f"{name}: expert {e}: rel err {err:.2e}"
-        outs[name] = out
-    assert torch.equal(outs["fused"].view(torch.int16), outs["requant"].view(torch.int16))
+    run_both(spec, target, [60, 3, 0, 48], 60, 48, seed=19, weights=weights)  # inputs of seed 20
     path = kernel._launch(60, 48, prepared.data.foldable)[0].path
     folds = scales == "tiny" and target.gpu.features.wgmma  # the folded path is for sm_90's wgmma
     assert path == ("folded" if folds else "decode")
