@@ -19,37 +19,36 @@ GROUP_K = 128
 # The tile rule ("transposed", the default): rows per expert (upper bound, inclusive) -> (path,
 # BLOCK_M, BLOCK_N, num_warps, num_stages). Every path puts the weight tile on the MMA's M side and
 # the rows on its N side, so BLOCK_M covers an expert's rows in one m-block (each further m-block
-# streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 16 rows
+# streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 32 rows
 # the "planes" path (triton_planes.py): one or two warps of fp16 mma.sync that unpack the int4 in
 # registers. Measured on an H200 (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2:
 # 16 x 64 decode 88.4 + 46.7 us, planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x
 # 32 on one warp 39.1 + 22.5 us; 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 +
-# 29.5 us. A 32-row planes tile on two warps (32 x 32: 235 registers, no spills; 32 x 64 spills)
-# ran the whole layer at 32 rows in 129.7 us against 168.3 for the rule's per-group 32 x 64 bf16
-# wgmma tile (8 experts) and 469.1 against 606.4 (32 experts), ahead of marlin's W4A16 (140.1 and
-# 482.8). It joins the rule at 17-32 rows once its CUDA test against the oracle
-# (test_planes_tile_of_32_rows) has run: the interpreter's passes, but the GPU's fp16 MMA and PTX
-# unpack have not been checked at that tile. At 64 rows it lost (232.4 us, and 206.4 for 64 x 32,
-# against 198.5 folded). From 33 rows the "folded" path (triton_decode.py): the weight scales
-# folded exactly into fp16 weight tiles, so the MMAs chain over K and stay in flight, reading
-# 16-bit activations from memory. That pays where the MMA is asynchronous (wgmma, sm_90);
-# elsewhere (mma.sync, MFMA) an MMA's result is waited for anyway and the FP8 MMA runs at twice the
-# fp16 rate, so GPUs without wgmma, and weights whose scales cannot be folded exactly, take
+# 29.5 us. 32 rows, the whole layer: planes 32 x 32 on two warps (235 registers, no spills; 32 x
+# 64 spills) 129.7 us against 168.3 for the per-group 32 x 64 bf16 wgmma tile (8 experts), 469.1
+# against 606.4 (32 experts). At 64 rows planes lost (232.4 us, and 206.4 for 64 x 32, against
+# 198.5 folded). From 33 rows the "folded" path (triton_decode.py): the weight scales folded
+# exactly into fp16 weight tiles, so the MMAs chain over K and stay in flight, reading 16-bit
+# activations from memory. That pays where the MMA is asynchronous (wgmma, sm_90); elsewhere
+# (mma.sync, MFMA) an MMA's result is waited for anyway and the FP8 MMA runs at twice the fp16
+# rate, so GPUs without wgmma, and weights whose scales cannot be folded exactly, take
 # PER_GROUP_RULE's tile instead.
 # Measured on an H200, 8 experts, the whole layer (benchmarks/w4afp8_masked.py --tile): 32 rows
 # per-group 32 x 64 168.4 us, folded 32 x 64 on 3 / 4 stages 167.0 / 179.6; 64 rows per-group
 # 209.1, folded 64 x 64 4 warps 3 stages 199.7, 64 x 128 8 warps 251.9; 128 rows per-group (FP8
 # 128 x 64) 370.2, folded 128 x 128 8 warps 318.5, 128 x 64 4 / 8 warps 401.7 / 439.7; 512 rows
 # per-group (FP8 256 x 64) 1027.1, folded 128 x 128 984.2, 256 x 64 3 / 2 stages 992.3 / 1161.9.
+# On an H100 at 64 rows, folded 64 x 64 on 4 warps: 3 stages 198.0 us, 4 stages 212.3; 64 x 128 on
+# 4 / 8 warps 273.0 / 302.8; 64 x 32 361.3.
 TILE_RULE = (
     (8, ("planes", 8, 32, 1, 4)),
     (16, ("planes", 16, 64, 2, 4)),
-    (32, ("decode", 32, 64, 4, 4)),
+    (32, ("planes", 32, 32, 2, 4)),
     (64, ("folded", 64, 64, 4, 3)),
     (None, ("folded", 128, 128, 8, 3)),
 )
 # The per-group rule ("per_group", the baseline of the folded path, and the rule for weights it
-# cannot fold): from 17 rows each K group's MMA result is scaled by its group's weight scale, so
+# cannot fold): from 33 rows each K group's MMA result is scaled by its group's weight scale, so
 # every group waits for its MMA: a bf16 wgmma with Marlin's lop3 unpack up to 64 rows, beyond an
 # FP8 MMA, whose rate pays for its slower unpack.
 PER_GROUP_RULE = TILE_RULE[:3] + (

@@ -30,9 +30,9 @@ WHY = {
 # tile rule -> why it runs (configs.TILE_RULE and TILES carry the figures)
 RULE_WHY = {
     "transposed": "tile rule 'transposed' (default): weights on the MMA's M side and the rows on "
-                  "its N side: fp16 mma.sync on nibble planes unpacked in registers up to 16 rows, the "
-                  "per-group bf16 MMA up to 32, beyond (on GPUs with wgmma) an fp16 MMA on weights with "
-                  "their scales folded in, as measured on an H200",
+                  "its N side: fp16 mma.sync on nibble planes unpacked in registers up to 32 rows, "
+                  "beyond (on GPUs with wgmma) an fp16 MMA on weights with their scales folded in, as "
+                  "measured on an H200",
     "per_group": "tile rule 'per_group' (baseline of the folded path, and the rule for weights it "
                  "cannot fold): as 'transposed' up to 32 rows, beyond each K group's MMA result scaled "
                  "by its weight scale: bf16 MMA with the lop3 unpack up to 64 rows, FP8 MMA beyond",

@@ -128,11 +128,11 @@ def test_plans_say_which_feed_runs_and_why():
     assert baseline.variant == "fused" and set(baseline.baselines()) == {"requant", "per_group", "rows_on_m"}
     fused_text = baseline.plan(masked_m, expected_rows=2, max_m=128).describe()
     assert "in registers" in fused_text and "baseline" in fused_text
-    # 17-32 rows: the per-group bf16 MMA; from 33 the weight scales are folded into fp16 weights,
-    # and w4afp8's own launch feeds GEMM 1 fp16 (the requant op's plan is not part of it)
+    # 17-32 rows: planes on a 32 x 32 tile of two warps; from 33 the weight scales are folded into
+    # fp16 weights, and w4afp8's own launch feeds GEMM 1 fp16 (the requant op's plan is not part of it)
     mid = kernel.plan(expected_rows=24, max_m=128)
-    assert (mid.tile.path, mid.tile.block_m, mid.mma_dtype, mid.m_programs) == ("decode", 32, "bfloat16", 2)
-    assert "per K group" in mid.describe() and "requant tuned" in mid.describe()
+    assert (mid.tile.path, mid.tile.block_m, mid.tile.block_n, mid.tile.num_warps) == ("planes", 32, 32, 2)
+    assert "requant tuned" in mid.describe()
     folded = kernel.plan(expected_rows=48, max_m=128)
     assert (folded.tile.path, folded.tile.block_m, folded.mma_dtype) == ("folded", 64, "float16")
     folded_text = folded.describe()

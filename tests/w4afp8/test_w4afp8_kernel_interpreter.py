@@ -104,16 +104,14 @@ def test_rows_beyond_the_m_grid_are_walked_by_the_same_programs():
 
 
 def test_planes_tile_of_32_rows():
-    """The planes path on a 32-row tile (two warps, 32 columns; measured faster than the rule's
-    per-group tile at 32 rows): an expert with 40 rows walks a second m-block, partial ones and an
-    empty expert stay exact."""
-    from backends.w4afp8 import configs
-    from backends.w4afp8.kernel import W4AFp8MaskedKernel
-
+    """The rule's planes tile at 17-32 rows (32 x 32, two warps): an expert with 40 rows walks a
+    second m-block, partial ones and an empty expert stay exact."""
     spec = spec_of()
     weights = random_weights(spec, seed=13)
     x, scale, masked_m = random_masked_inputs(E, H, 41, [40, 0, 17, 32], seed=14)
-    kernel = W4AFp8MaskedKernel(spec, CPU, tile=configs.GemmTile(32, 32, 2, 4, "planes"))
+    kernel = build(spec)
+    tile = kernel.plan(masked_m, expected_rows=24, max_m=41).tile
+    assert (tile.path, tile.block_m, tile.block_n, tile.num_warps) == ("planes", 32, 32, 2)
     out = poison(torch.empty(x.shape, dtype=torch.bfloat16))
     kernel(x, scale, masked_m, kernel.prepare_weights(weights), expected_rows=24, out=out)
     check_live_rows(out, oracle(spec, x, scale, masked_m, weights), masked_m)
