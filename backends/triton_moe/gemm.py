@@ -242,8 +242,8 @@ def moe_gemm_kernel(
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, A_TERMS: tl.constexpr, A_QUANTIZED: tl.constexpr,
     OUT_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
-    MXFP4_REPACKED: tl.constexpr, SCALE_HIGH: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    MXFP4_REPACKED: tl.constexpr, SCALE_HIGH: tl.constexpr, MXFP4_PAIR_FMA: tl.constexpr,
+    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -321,10 +321,11 @@ def moe_gemm_kernel(
         if PAIRED:
             acc_pair = mxfp4_repacked.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,
                                                pair_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
-                                               DOT_F32, SWAP_AB)
+                                               DOT_F32, SWAP_AB, MXFP4_PAIR_FMA)
         elif REPACKED:
             acc = mxfp4_repacked.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0,
-                                          K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB)
+                                          K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB,
+                                          MXFP4_PAIR_FMA)
         else:
             acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
                                   gate_rows, up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols,

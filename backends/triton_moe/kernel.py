@@ -229,6 +229,11 @@ class TritonMoEKernel(MoEKernel):
     def _mxfp4_repacked(self) -> bool:
         return self.spec.weight_format == "mxfp4" and self.mxfp4_path == configs.REPACKED_MXFP4
 
+    def _mxfp4_pair_fma(self) -> bool:
+        """Repacked mxfp4 scaled by bf16x2 FMAs (NVIDIA's inline PTX; the dots 16-bit)."""
+        gpu = self.target.gpu
+        return self._mxfp4_repacked() and not self.dot_f32 and bool(gpu and gpu.vendor == "nvidia")
+
     # --- per call ------------------------------------------------------------------------------
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
               topk_weights, ids, id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int,
@@ -254,7 +259,7 @@ class TritonMoEKernel(MoEKernel):
             A_FP8=fp8_act and fmt == "fp8_block128", A_TERMS=act_terms, A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
             MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", MXFP4_REPACKED=self._mxfp4_repacked(),
-            SCALE_HIGH=scale_high,
+            SCALE_HIGH=scale_high, MXFP4_PAIR_FMA=self._mxfp4_pair_fma(),
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,

@@ -11,11 +11,14 @@ The decode is exact and branch-free. An e2m1 nibble s|e1 e0|m moved to bf16's si
 6..8 (the low two exponent bits and the top mantissa bit) is the bf16 of its value times 2^-126,
 the normal values (e > 0) and the subnormal 0.5 (e = 0, m = 1: bf16's subnormal 2^-127) alike.
 Nibbles j and j + 4 sit 16 bits apart, so four integer operations build both patterns in one
-int32; a shift or a mask makes each half the fp32 of the same value, one fp32 multiply by
-2^(e8m0 - 1) restores the 2^126 and applies the scale (exact: two significant bits), and one
-conversion packs the adjacent pair to bf16. Exponents above 128 (2^(e - 1) past fp32's range)
-take a second multiply, compiled in only for weights that hold one (SCALE_HIGH). The four groups
-of a step are joined along K into one [rows, 128] tile: one dot per K step."""
+int32. On NVIDIA (PAIR_FMA) one bf16x2 FMA by 2^(e8m0 - 1) and -0 scales both halves at once
+(inline PTX: Triton has no bf16x2 view of an int32), restoring the 2^126 and applying the scale:
+exact, the product has two significant bits, and adding -0 changes no product (not even a zero's
+sign). Elsewhere a shift or a mask makes each half the fp32 of the same value, one fp32 multiply
+applies the same scale and one conversion packs the pair to bf16: four instructions per value
+against the FMA path's two. Exponents above 128 (2^(e - 1) past the 8-bit exponent's range) take
+a second multiply, compiled in only for weights that hold one (SCALE_HIGH). The four groups of a
+step are joined along K into one [rows, 128] tile: one dot per K step."""
 
 from __future__ import annotations
 
@@ -31,6 +34,14 @@ GROUPS_PER_STEP = STEP_K // GROUP
 # Above this e8m0, 2^(e8m0 - 1) overflows fp32: a weight holding one is scaled in two multiplies.
 ONE_MULTIPLY_MAX_E8M0 = tl.constexpr(128)
 REPACK_EXPERTS = 8  # experts repacked at a time: bounds the int64 temporaries
+# $0 = $1 * $2 + (-0, -0) on a pair of bf16 (sm_80+): both halves of a decoded word scaled at once.
+_PAIR_FMA_PTX = tl.constexpr("""
+{
+.reg .b32 negzero;
+mov.b32 negzero, 0x80008000;
+fma.rn.bf16x2 $0, $1, $2, negzero;
+}
+""")
 
 
 def steps(k: int) -> int:
@@ -61,10 +72,24 @@ def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
 
 
 @triton.jit
+def _bf16x2_power_of_two(exponent):
+    """The int32 holding 2^exponent as bf16 in both halves (exponent within bf16's normal range)."""
+    half = (exponent + 127) << 7
+    return half | (half << 16)
+
+
+@triton.jit
+def _pair_fma(pair, scale):
+    return tl.inline_asm_elementwise(_PAIR_FMA_PTX, "=r,r,r", [pair, scale], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
 def group_tile(words, j: tl.constexpr, e8m0, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr,
-               SWAP_AB: tl.constexpr):
+               SWAP_AB: tl.constexpr, PAIR_FMA: tl.constexpr):
     """Scale group j of a step from its 16 words ([rows, 16] with SWAP_AB, else [16, rows]) and the
-    rows' e8m0 (int32): [rows, 32] with SWAP_AB, else [32, rows], in bf16 (fp32 with DOT_F32)."""
+    rows' e8m0 (int32): [rows, 32] with SWAP_AB, else [32, rows], in bf16 (fp32 with DOT_F32).
+    PAIR_FMA: scaled by bf16x2 FMAs (NVIDIA's inline PTX; not with DOT_F32)."""
     if j < 2:
         magnitude = words << (6 - 4 * j)
     else:
@@ -75,16 +100,24 @@ def group_tile(words, j: tl.constexpr, e8m0, SCALE_HIGH: tl.constexpr, DOT_F32: 
         e8m0 = e8m0[:, None]
     else:
         e8m0 = e8m0[None, :]
-    low = ((tl.minimum(e8m0, ONE_MULTIPLY_MAX_E8M0) + 126) << 23).to(tl.float32, bitcast=True)
-    even = (pair << 16).to(tl.float32, bitcast=True) * low
-    odd = (pair & -65536).to(tl.float32, bitcast=True) * low
-    if SCALE_HIGH:
-        high = ((tl.maximum(e8m0 - ONE_MULTIPLY_MAX_E8M0, 0) + 127) << 23).to(tl.float32, bitcast=True)
-        even = even * high
-        odd = odd * high
-    if not DOT_F32:
-        even = even.to(tl.bfloat16)
-        odd = odd.to(tl.bfloat16)
+    if PAIR_FMA:
+        tl.static_assert(not DOT_F32, "the bf16x2 FMA writes bf16 pairs")
+        pair = _pair_fma(pair, _bf16x2_power_of_two(tl.minimum(e8m0, ONE_MULTIPLY_MAX_E8M0) - 1))
+        if SCALE_HIGH:
+            pair = _pair_fma(pair, _bf16x2_power_of_two(tl.maximum(e8m0 - ONE_MULTIPLY_MAX_E8M0, 0)))
+        even = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        odd = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        low = ((tl.minimum(e8m0, ONE_MULTIPLY_MAX_E8M0) + 126) << 23).to(tl.float32, bitcast=True)
+        even = (pair << 16).to(tl.float32, bitcast=True) * low
+        odd = (pair & -65536).to(tl.float32, bitcast=True) * low
+        if SCALE_HIGH:
+            high = ((tl.maximum(e8m0 - ONE_MULTIPLY_MAX_E8M0, 0) + 127) << 23).to(tl.float32, bitcast=True)
+            even = even * high
+            odd = odd * high
+        if not DOT_F32:
+            even = even.to(tl.bfloat16)
+            odd = odd.to(tl.bfloat16)
     both = tl.join(even, odd)
     if SWAP_AB:
         tile = tl.reshape(both, (both.shape[0], 2 * both.shape[1]))
@@ -106,7 +139,8 @@ def _cat_k(a, b, SWAP_AB: tl.constexpr):
 
 @triton.jit
 def step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se,
-              SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+              SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
+              PAIR_FMA: tl.constexpr):
     """The weight rows' 128-wide K step at k0, decoded and scaled: [rows, 128] with SWAP_AB (the
     dot's first operand), else [128, rows]."""
     step = k0 // 128
@@ -118,23 +152,24 @@ def step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, str
         words = tl.load(w_ptr + row_words[None, :] + r[:, None], mask=row_ok[None, :], other=0)
     scales = s_ptr + expert * stride_se + (step * 4) * N_TOTAL + rows
     t0 = group_tile(words, 0, tl.load(scales, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH, DOT_F32,
-                    SWAP_AB)
+                    SWAP_AB, PAIR_FMA)
     t1 = group_tile(words, 1, tl.load(scales + N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
-                    DOT_F32, SWAP_AB)
+                    DOT_F32, SWAP_AB, PAIR_FMA)
     t2 = group_tile(words, 2, tl.load(scales + 2 * N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
-                    DOT_F32, SWAP_AB)
+                    DOT_F32, SWAP_AB, PAIR_FMA)
     t3 = group_tile(words, 3, tl.load(scales + 3 * N_TOTAL, mask=row_ok, other=0).to(tl.int32), SCALE_HIGH,
-                    DOT_F32, SWAP_AB)
+                    DOT_F32, SWAP_AB, PAIR_FMA)
     return _cat_k(_cat_k(t0, t1, SWAP_AB), _cat_k(t2, t3, SWAP_AB), SWAP_AB)
 
 
 @triton.jit
 def dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we,
-             stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+             stride_se, SCALE_HIGH: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
+             PAIR_FMA: tl.constexpr):
     """acc += x[a_rows, k0:k0+128] @ W[rows, k0:k0+128].T (acc [BM, rows]), or W @ x.T into
     acc [rows, BM] with SWAP_AB, the decoded weights as the dot's register operand."""
     w = step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
-                  DOT_F32, SWAP_AB)
+                  DOT_F32, SWAP_AB, PAIR_FMA)
     k = k0 + tl.arange(0, 128)
     if SWAP_AB:
         a = tl.load(a_ptr + a_rows[None, :] * K + k[:, None], mask=live[None, :] & (k[:, None] < K),

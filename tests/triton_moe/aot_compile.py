@@ -74,7 +74,7 @@ def compile_all(profile: str) -> list:
                     ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=spec.has_bias,
                     A_FP8=False, A_TERMS=1, A_QUANTIZED=False, OUT_FP8=False, DOT_F32=False,
                     MXFP4_DOT_SCALED=False, MXFP4_REPACKED=fmt == "mxfp4", SCALE_HIGH=fmt == "mxfp4",
-                    A_FORMAT="bf16",
+                    MXFP4_PAIR_FMA=fmt == "mxfp4" and gpu.vendor == "nvidia", A_FORMAT="bf16",
                     BLOCK_M=choice.block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
                     SWAP_AB=gemm.swap_ab, PER_ROUTE=False, LOCAL_EXPERTS=spec.local_experts,
                     HAS_MAP=False, GROUP_M=gemm.group_m)
@@ -84,7 +84,7 @@ def compile_all(profile: str) -> list:
                 results.append(dict(format=fmt, tokens=tokens, gemm=1 if first else 2,
                                     block_m=choice.block_m, block_n=gemm.block_n, swap_ab=gemm.swap_ab,
                                     shared=kernel.metadata.shared, smem_limit=gpu.smem_per_block_optin,
-                                    mma=sorted(set(MMA.findall(asm)))))
+                                    mma=sorted(set(MMA.findall(asm))), pair_fma="fma.rn.bf16x2" in asm))
     return results
 
 
