@@ -95,6 +95,18 @@ DECODE_CANDIDATES = (
     (16, (32, 128, 2, 4), (32, 128, 2, 4)),
     (16, (16, 256, 4, 3), (32, 128, 4, 4)),
 )
+# Repacked mxfp4 (BLOCK_K 128, one step of words) at decode: the usual order at 16 and 32 weight
+# rows on 2 and 4 warps (the rule's 1-token tiles among them), and the swap-AB tiles (the rule's
+# from 8 tokens) on 3 and 4 stages.
+MXFP4_DECODE_CANDIDATES = (
+    (16, (32, 128, 4, 4), (32, 128, 4, 4)),
+    (16, (16, 128, 4, 4), (16, 128, 4, 4)),
+    (16, (32, 128, 2, 4), (32, 128, 2, 4)),
+    (16, (16, 128, 2, 4), (16, 128, 2, 4)),
+    (16, (32, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (32, 128, 4, 3, True), (64, 128, 4, 3, True)),
+    (16, (16, 128, 4, 4, True), (32, 128, 4, 4, True)),
+)
 
 
 def parse_point(point: str):
@@ -160,6 +172,8 @@ def main(argv=None) -> int:
             elif spec.weight_format == "fp8_block128":
                 fp8_candidates = W8A16_PREFILL_CANDIDATES if rule.block_m >= 64 else W8A16_DECODE_CANDIDATES
                 candidates += list(fp8_candidates)
+            elif spec.weight_format == "mxfp4" and rule.block_m < 64:
+                candidates += list(MXFP4_DECODE_CANDIDATES)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
         for candidate in candidates:

@@ -21,18 +21,20 @@ GROUP_K = 128
 # the rows on its N side, so BLOCK_M covers an expert's rows in one m-block (each further m-block
 # streams the expert's weights again) without padding them to a 64-row FP8 wgmma. Up to 32 rows
 # the "planes" path (triton_planes.py): one or two warps of fp16 mma.sync that unpack the int4 in
-# registers. Measured on an H200 (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2:
-# 16 x 64 decode 88.4 + 46.7 us, planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x
-# 32 on one warp 39.1 + 22.5 us; 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 +
-# 29.5 us. 32 rows, the whole layer: planes 32 x 32 on two warps (235 registers, no spills; 32 x
-# 64 spills) 129.7 us against 168.3 for the per-group 32 x 64 bf16 wgmma tile (8 experts), 469.1
-# against 606.4 (32 experts). At 64 rows planes lost (232.4 us, and 206.4 for 64 x 32, against
-# 198.5 folded). From 33 rows the "folded" path (triton_decode.py): the weight scales folded
-# exactly into fp16 weight tiles, so the MMAs chain over K and stay in flight, reading 16-bit
-# activations from memory. That pays where the MMA is asynchronous (wgmma, sm_90); elsewhere
-# (mma.sync, MFMA) an MMA's result is waited for anyway and the FP8 MMA runs at twice the fp16
-# rate, so GPUs without wgmma, and weights whose scales cannot be folded exactly, take
-# PER_GROUP_RULE's tile instead.
+# registers. Measured on an H200 (docs/backends/w4afp8.md), 8 experts x 8 rows, GEMM 1 + GEMM 2: 16
+# x 64 decode 88.4 + 46.7 us, planes 8 x 64 on two warps 47.6 + 21.6 us (3 / 1 K splits), 8 x 32 on
+# one warp 39.1 + 22.5 us; 16 rows: 16 x 64 decode 88.6 + 46.9 us, planes 16 x 64 60.0 + 29.5 us. 32
+# rows, the whole layer: planes 32 x 32 on two warps (235 registers, no spills; 32 x 64 spills, on 4
+# stages) 129.7 us against 168.3 for the per-group 32 x 64 bf16 wgmma tile (8 experts), 469.1
+# against 606.4 (32 experts); on an H100, 3 stages against 4: 124.2 / 125.5 against 130.5 / 132.3 us
+# (8 experts x 24 / 32 rows), 454.8 / 471.1 against 470.3 / 489.0 (32 experts), where 16 x 64 tiles
+# over two m-blocks tied 4 stages (126.3 / 127.1, 472.6 / 489.4). At 64 rows planes lost (232.4 us,
+# and 206.4 for 64 x 32, against 198.5 folded). From 33 rows the "folded" path (triton_decode.py):
+# the weight scales folded exactly into fp16 weight tiles, so the MMAs chain over K and stay in
+# flight, reading 16-bit activations from memory. That pays where the MMA is asynchronous (wgmma,
+# sm_90); elsewhere (mma.sync, MFMA) an MMA's result is waited for anyway and the FP8 MMA runs at
+# twice the fp16 rate, so GPUs without wgmma, and weights whose scales cannot be folded exactly,
+# take PER_GROUP_RULE's tile instead.
 # Measured on an H200, 8 experts, the whole layer (benchmarks/w4afp8_masked.py --tile): 32 rows
 # per-group 32 x 64 168.4 us, folded 32 x 64 on 3 / 4 stages 167.0 / 179.6; 64 rows per-group
 # 209.1, folded 64 x 64 4 warps 3 stages 199.7, 64 x 128 8 warps 251.9; 128 rows per-group (FP8
@@ -43,7 +45,7 @@ GROUP_K = 128
 TILE_RULE = (
     (8, ("planes", 8, 32, 1, 4)),
     (16, ("planes", 16, 64, 2, 4)),
-    (32, ("planes", 32, 32, 2, 4)),
+    (32, ("planes", 32, 32, 2, 3)),
     (64, ("folded", 64, 64, 4, 3)),
     (None, ("folded", 128, 128, 8, 3)),
 )
