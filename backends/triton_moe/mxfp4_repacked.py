@@ -15,8 +15,8 @@ int32. On NVIDIA (PAIR_FMA) one bf16x2 FMA by 2^(e8m0 - 1) and -0 scales both ha
 (inline PTX: Triton has no bf16x2 view of an int32), restoring the 2^126 and applying the scale:
 exact, the product has two significant bits, and adding -0 changes no product (not even a zero's
 sign). Elsewhere a shift or a mask makes each half the fp32 of the same value, one fp32 multiply
-applies the same scale and one conversion packs the pair to bf16: four instructions per value
-against the FMA path's two. Exponents above 128 (2^(e - 1) past the 8-bit exponent's range) take
+applies the same scale and one conversion packs the pair to bf16: about 4.5 instructions per value
+against the FMA path's 2.5. Exponents above 128 (2^(e - 1) past the 8-bit exponent's range) take
 a second multiply, compiled in only for weights that hold one (SCALE_HIGH). The four groups of a
 step are joined along K into one [rows, 128] tile: one dot per K step."""
 
