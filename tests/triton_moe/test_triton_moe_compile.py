@@ -2,8 +2,8 @@
 configs the rule picks for recorded profiles of GPUs this machine need not have: AMD CDNA3 and
 RDNA3, where no kernel has run on hardware, every format each supports, and the H200, whose
 repacked-mxfp4 swap-AB tiles must reach wgmma with the e2m1 decode's bf16x2 FMA (inline PTX, so
-ptxas must accept it). Each must lower to a bf16 matrix instruction of its
-architecture (the 16-bit dot every format's weights are dequantized to) and fit its shared memory."""
+ptxas must accept it). Each must lower to a bf16 matrix instruction of its architecture (the 16-bit
+dot every format's weights are dequantized to) and fit its shared memory."""
 
 from __future__ import annotations
 
