@@ -8,7 +8,8 @@ and routing: CUDA graphs of one call per rotated input set for each side, sample
         (a check of the harness on CPU: the interpreter's figures mean nothing)
 
 DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and its
-`configs/*NVIDIA_H200*.json` (see benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
+`configs/*NVIDIA_H200*.json`, as benchmarks/triton_moe_peer_build.py writes them from vLLM's sdist
+(the glue around them: benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
 timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
 `alternative` the rule's alternatives where it has some: `gemm` (tensor-core GEMMs, each block's N
