@@ -317,6 +317,10 @@ def moe_gemm_kernel(
             acc_pair = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
         else:
             acc_pair = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+    # K > 0 (the layer's sizes are positive). Unknown, the loop may run zero times, and the zeros the
+    # accumulators keep on that path make ptxas serialize every wgmma of the loop (its C7515: repacked
+    # mxfp4's GEMM 2, whose decoded weights are wgmma's register operand).
+    tl.assume(K > 0)
     for k0 in range(0, K, BLOCK_K):
         if PAIRED:
             acc_pair = mxfp4_repacked.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,

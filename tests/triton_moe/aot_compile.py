@@ -1,8 +1,9 @@
 """Compile triton_moe's expert GEMM ahead of time, with the launch configs the rule picks for a
 recorded GPU profile, for that GPU's target (which need not be present), and print, as JSON, the
-matrix instructions and the shared memory of each: every format the profile supports (mxfp4 on
-its default, repacked path; fp8_block128 as the default w8a16). Run with TRITON_INTERPRET=0: the
-interpreter replaces @triton.jit functions, which then cannot be compiled.
+matrix instructions and the shared memory of each, and on sm_90 whether ptxas serializes its
+wgmmas (its C7515 note, from Triton's own ptxas run verbose on the PTX): every format the profile
+supports (mxfp4 on its default, repacked path; fp8_block128 as the default w8a16). Run with
+TRITON_INTERPRET=0: the interpreter replaces @triton.jit functions, which then cannot be compiled.
 
     python tests/triton_moe/aot_compile.py mi300x | rx7900xtx | h200 | ..."""
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -28,7 +31,7 @@ MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+|v_wmma\w+|t
 CASES = {"mxfp4": ("gpt-oss-120b", (1, 8, 512, 4096)), "bf16": ("qwen3-30b-a3b", (1, 4096)),
          "fp8_block128": ("qwen3-30b-a3b", (1, 4096)), "int4_g128": ("qwen3-30b-a3b", (1, 4096))}
 # format -> (weights, scales) as prepare_weights hands them to the kernel
-WEIGHTS = {"mxfp4": ("*i32", "*u8"), "bf16": ("*bf16", "*bf16"), "fp8_block128": ("*fp8e4nv", "*fp32"),
+WEIGHTS = {"mxfp4": ("*i32", "*i32"), "bf16": ("*bf16", "*bf16"), "fp8_block128": ("*fp8e4nv", "*fp32"),
            "int4_g128": ("*i32", "*bf16")}
 POINTERS = dict(a_ptr="*bf16", bias_ptr="*fp32", out_ptr="*bf16", sorted_routes_ptr="*i32",
                 block_expert_ptr="*i32", topk_weights_ptr="*fp32", topk_ids_ptr="*i32",
@@ -45,6 +48,19 @@ def source(fmt: str, constexprs: dict):
     pointers = dict(POINTERS, w_ptr=weights, s_ptr=scales, a_scale_ptr=weights, out_scale_ptr=weights)
     types = {n: pointers.get(n, "fp32" if n in FLOATS else "i32") for n in moe_gemm_kernel.arg_names}
     return ast_source(moe_gemm_kernel, types, constexprs, MULTIPLES_OF_16)
+
+
+def serialized_wgmma(ptx: str, arch: int) -> bool:
+    """ptxas's C7515 for this PTX: wgmmas waited for one by one (a register they use written while
+    one is in flight), where they could overlap each other and the code between them."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        done = subprocess.run([get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", f.name, "-o", "/dev/null"],
+                              capture_output=True, text=True, check=True)
+    return "C7515" in done.stderr
 
 
 def gpu_target(gpu) -> GPUTarget:
@@ -81,10 +97,12 @@ def compile_all(profile: str) -> list:
                 kernel = triton.compile(source(fmt, constexprs), target=gpu_target(gpu),
                                         options=dict(num_warps=gemm.num_warps, num_stages=gemm.num_stages))
                 asm = kernel.asm.get("amdgcn" if gpu.vendor == "amd" else "ptx", "")
+                arch = gpu_target(gpu).arch
                 results.append(dict(format=fmt, tokens=tokens, gemm=1 if first else 2,
                                     block_m=choice.block_m, block_n=gemm.block_n, swap_ab=gemm.swap_ab,
                                     shared=kernel.metadata.shared, smem_limit=gpu.smem_per_block_optin,
-                                    mma=sorted(set(MMA.findall(asm))), pair_fma="fma.rn.bf16x2" in asm))
+                                    mma=sorted(set(MMA.findall(asm))), pair_fma="fma.rn.bf16x2" in asm,
+                                    serialized_wgmma=arch == 90 and serialized_wgmma(asm, arch)))
     return results
 
 

@@ -2,8 +2,9 @@
 configs the rule picks for recorded profiles of GPUs this machine need not have: AMD CDNA3 and
 RDNA3, where no kernel has run on hardware, every format each supports, and the H200, whose
 repacked-mxfp4 swap-AB tiles must reach wgmma with the e2m1 decode's bf16x2 FMA (inline PTX, so
-ptxas must accept it). Each must lower to a bf16 matrix instruction of its architecture (the 16-bit
-dot every format's weights are dequantized to) and fit its shared memory."""
+ptxas must accept it) and no GEMM may have its wgmmas serialized by ptxas. Each must lower to a
+bf16 matrix instruction of its architecture (the 16-bit dot every format's weights are dequantized
+to) and fit its shared memory."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_h200_swap_ab_tiles_reach_wgmma():
     cases = compiled("h200")
     assert any(c["swap_ab"] for c in cases)
     assert all(c["pair_fma"] == (c["format"] == "mxfp4") for c in cases)
+    assert not [c for c in cases if c["serialized_wgmma"]]
     for case in cases:
         if case["swap_ab"]:
             assert any(m.startswith("wgmma") and "bf16.bf16" in m for m in case["mma"]), case
