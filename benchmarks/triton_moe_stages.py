@@ -97,14 +97,14 @@ DECODE_CANDIDATES = (
 )
 # Repacked mxfp4 (BLOCK_K 128, one step of words) at decode: the usual order at 16 and 32 weight
 # rows on 2 and 4 warps (the rule's 1-token tiles among them), and the swap-AB tiles (the rule's
-# from 8 tokens) on 3 and 4 stages.
+# from 8 tokens, on 6 stages) on 4 and 8 stages.
 MXFP4_DECODE_CANDIDATES = (
     (16, (32, 128, 4, 4), (32, 128, 4, 4)),
     (16, (16, 128, 4, 4), (16, 128, 4, 4)),
     (16, (32, 128, 2, 4), (32, 128, 2, 4)),
     (16, (16, 128, 2, 4), (16, 128, 2, 4)),
     (16, (32, 128, 4, 4, True), (64, 128, 4, 4, True)),
-    (16, (32, 128, 4, 3, True), (64, 128, 4, 3, True)),
+    (16, (32, 128, 4, 8, True), (64, 128, 4, 8, True)),
     (16, (16, 128, 4, 4, True), (32, 128, 4, 4, True)),
 )
 

@@ -71,6 +71,10 @@ MIN_DECODE_BLOCK_N = 32
 # against 54.7 for 32-wide tiles on 4 warps (16 on 4 warps 60.1, 32 on 2 warps 82.6).
 MXFP4_DECODE_BLOCK_N = 16
 MXFP4_DECODE_WARPS = 2
+# Repacked mxfp4's swap-AB decode tiles (64 weight rows, BLOCK_M 16): 6 stages in flight. On an
+# H100 (benchmarks/triton_moe_stages.py --sweep), gpt-oss-120b at 8 tokens 185.8 us against 202.7 on
+# 4 stages and 184.9 on 8; at 64 tokens 621.1 against 683.0 and 622.4.
+MXFP4_DECODE_STAGES = 6
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
@@ -255,10 +259,11 @@ def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, bl
                           smem: int, amd: bool, swap_ab: Optional[bool]) -> tuple:
     """Repacked mxfp4 (gate and up rows in one GEMM 1 tile): swap-AB, the decoded weights as the dot's
     register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per tile (one
-    wgmma M) at BLOCK_M 16 and 128 from BLOCK_M 32 (three stages); where the decode rule narrowed the N
-    tiles to 32 to keep the GPU busy (1 token), the usual order (16-row mma.sync) on tiles narrowed once
-    more, on fewer warps (MXFP4_DECODE_BLOCK_N, _WARPS). Two stages on AMD. Chosen by timing each config
-    alone on gpt-oss-120b on the H200; the rule's figures are in docs/backends/triton_moe.md."""
+    wgmma M) at BLOCK_M 16 (MXFP4_DECODE_STAGES deep) and 128 from BLOCK_M 32 (three stages); where the
+    decode rule narrowed the N tiles to 32 to keep the GPU busy (1 token), the usual order (16-row
+    mma.sync) on tiles narrowed once more, on fewer warps (MXFP4_DECODE_BLOCK_N, _WARPS). Two stages on
+    AMD. Chosen by timing each config alone on gpt-oss-120b on the H200 and the H100; the figures are in
+    docs/backends/triton_moe.md."""
     if decode and gemm1.block_n <= MIN_DECODE_BLOCK_N and not swap_ab:
         narrow = attrs.evolve(gemm1, block_n=MXFP4_DECODE_BLOCK_N, num_warps=MXFP4_DECODE_WARPS)
         return narrow, narrow, (f"mxfp4 decode: N tiles of {MXFP4_DECODE_BLOCK_N} on {MXFP4_DECODE_WARPS} "
@@ -269,7 +274,7 @@ def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, bl
     def tile(tiles_n: int) -> GemmConfig:
         block_n = rows // tiles_n
         stage = _stage_bytes(block_m, block_n, 128, tiles_n, 16, _weight_bits("mxfp4"))
-        stages = max(2, min(2 if amd else 4 if rows == 64 else 3, int(smem // stage)))
+        stages = max(2, min(2 if amd else MXFP4_DECODE_STAGES if rows == 64 else 3, int(smem // stage)))
         return GemmConfig(block_n, 128, warps, stages, swap_ab=swap_ab is not False)
 
     gemm1, gemm2 = tile(tiles_1), tile(1)
