@@ -107,6 +107,9 @@ MXFP4_DECODE_CANDIDATES = (
     (16, (32, 128, 4, 8, True), (64, 128, 4, 8, True)),
     (16, (16, 128, 4, 4, True), (32, 128, 4, 4, True)),
 )
+# The rule's own tiles with shallower pipelines: (stages fewer for GEMM 1, for GEMM 2), timed at
+# every point of a sweep where the rule runs the GEMMs.
+SHALLOWER = ((0, 1), (1, 1))
 
 
 def parse_point(point: str):
@@ -145,6 +148,16 @@ def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
         h_fp8=config.fp8_act and g1[0] == 128, reasons=("swept",))
 
 
+def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
+    """The rule's config for `tokens` with each GEMM's pipeline that many stages shallower (two at
+    least)."""
+    kernel._configs.clear()
+    config = kernel.config(tokens)
+    less = lambda gemm, by: attrs.evolve(gemm, num_stages=max(2, gemm.num_stages - by))  # noqa: E731
+    kernel._configs[config.tokens_bucket] = attrs.evolve(
+        config, gemm1=less(config.gemm1, gemm1_by), gemm2=less(config.gemm2, gemm2_by), reasons=("swept",))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", default=",".join(DEFAULT_POINTS))
@@ -176,8 +189,14 @@ def main(argv=None) -> int:
                 candidates += list(MXFP4_DECODE_CANDIDATES)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
+            if rule.gemv1 is None:
+                candidates += [("shallower", *by) for by in SHALLOWER]
         for candidate in candidates:
-            if candidate is not None:
+            if candidate is None:
+                pass
+            elif candidate[0] == "shallower":
+                shallower(kernel, tokens, *candidate[1:])
+            else:
                 with_config(kernel, tokens, *candidate)
             label = kernel.config(tokens).describe()
             try:

@@ -75,6 +75,15 @@ MXFP4_DECODE_WARPS = 2
 # H100 (benchmarks/triton_moe_stages.py --sweep), gpt-oss-120b at 8 tokens 185.8 us against 202.7 on
 # 4 stages and 184.9 on 8; at 64 tokens 621.1 against 683.0 and 622.4.
 MXFP4_DECODE_STAGES = 6
+# bf16 decode GEMM 2 over a long K (mixtral-8x7b's 14336: 112 steps of 128): 3 stages, so three of
+# its 16- or 32-row programs share an SM where 4 stages leave room for two, and each long weight
+# row streams beside more of them. On an H100 (benchmarks/triton_moe_stages.py --sweep),
+# mixtral-8x7b at 64 tokens 913.7 us against 956.8 (GEMM 2 307.9 against 348.6), at 8 tokens 846.8
+# against 865.1; layers of 6-23 steps (qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-120b at 8 and 64
+# tokens) moved by 0.4% or less either way, so they keep 4, and so do per-route blocks (1 token:
+# not measured).
+LONG_K_DECODE_STEPS = 64
+LONG_K_DECODE_STAGES = 3
 DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
@@ -398,6 +407,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
+        steps = math.ceil(spec.intermediate_size / gemm2.block_k)
+        if decode and spec.weight_format == "bf16" and steps >= LONG_K_DECODE_STEPS and not route_blocks:
+            gemm2 = attrs.evolve(gemm2, num_stages=min(gemm2.num_stages, LONG_K_DECODE_STAGES))
+            reasons.append(f"GEMM 2's {steps} K steps at decode: {gemm2.num_stages} stages, so more of its "
+                           "programs share an SM")
     repacked = spec.weight_format == "mxfp4" and mxfp4_path == REPACKED_MXFP4
     if repacked:
         gemm1, gemm2, why = _mxfp4_repacked_tiles(gemm1, gemm2, tiles_1, block_m, decode, smem, amd, swap_ab)
