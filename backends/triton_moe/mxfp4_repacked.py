@@ -42,9 +42,9 @@ REPACK_EXPERTS = 8  # experts repacked at a time: bounds the int64 temporaries
 NIBBLE_BIT = {6: 0, 7: 1, 8: 2, 15: 3}  # bf16 bit within a half -> e2m1 nibble bit
 PATTERN = 0x81C081C0
 # Group j's pair is the OR over its parts of (word rotated left by `rotation`) & `mask`. Each group
-# owns the 8 word bits its parts rotate onto the pattern; three whole patterns cannot leave a fourth
-# (the pattern's bits 0, 1, 2 and 9 of 16 do not tile 16 bits), so group 3 takes m from one rotation
-# and e0, e1, s from another.
+# owns the 8 word bits its parts rotate onto the pattern. Four rotated copies of one half's pattern
+# (bits 6, 7, 8 and 15) cannot tile 16 bits, so only three groups take it whole and group 3 takes
+# m from one rotation and e0, e1, s from another.
 ROTATIONS = (0, 4, 10)  # groups 0, 1, 2: the whole pattern
 SPLIT_PARTS = ((6, 0x00400040), (14, 0x81808180))  # group 3: m, then e0 e1 s
 PAIR_PARTS = tuple(((r, PATTERN),) for r in ROTATIONS) + (SPLIT_PARTS,)
