@@ -139,23 +139,29 @@ def stage_times(kernel, prepared, sets) -> dict:
     return times
 
 
-def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
-    """The rule's config for `tokens` with these tiles in its place."""
+def _swept(kernel, tokens: int, changes):
+    """Put the rule's config for `tokens`, with the fields `changes(config)` returns replaced, in
+    the rule's place."""
     kernel._configs.clear()
     config = kernel.config(tokens)
-    kernel._configs[config.tokens_bucket] = attrs.evolve(
-        config, block_m=block_m, gemm1=configs.GemmConfig(*g1), gemm2=configs.GemmConfig(*g2),
-        h_fp8=config.fp8_act and g1[0] == 128, reasons=("swept",))
+    kernel._configs[config.tokens_bucket] = attrs.evolve(config, reasons=("swept",), **changes(config))
+
+
+def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
+    """The rule's config for `tokens` with these tiles in its place."""
+    _swept(kernel, tokens, lambda config: dict(
+        block_m=block_m, gemm1=configs.GemmConfig(*g1), gemm2=configs.GemmConfig(*g2),
+        h_fp8=config.fp8_act and g1[0] == 128))
 
 
 def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
     """The rule's config for `tokens` with each GEMM's pipeline that many stages shallower (two at
     least)."""
-    kernel._configs.clear()
-    config = kernel.config(tokens)
-    less = lambda gemm, by: attrs.evolve(gemm, num_stages=max(2, gemm.num_stages - by))  # noqa: E731
-    kernel._configs[config.tokens_bucket] = attrs.evolve(
-        config, gemm1=less(config.gemm1, gemm1_by), gemm2=less(config.gemm2, gemm2_by), reasons=("swept",))
+    def less(gemm, by):
+        return attrs.evolve(gemm, num_stages=max(2, gemm.num_stages - by))
+
+    _swept(kernel, tokens, lambda config: dict(gemm1=less(config.gemm1, gemm1_by),
+                                               gemm2=less(config.gemm2, gemm2_by)))
 
 
 def main(argv=None) -> int:
