@@ -1,12 +1,13 @@
 """mxfp4 weights repacked once for the tensor cores, and their exact decode in registers.
 
 The checkpoint stores e2m1 nibbles two per byte along K (even k low) with one e8m0 exponent per 32
-values of K. `repack` (in prepare_weights) rewrites each 128-wide K step of a weight row as 16
-int32 words and one int32 of scales. Word r holds the values k = 32 j + 2 r and k + 1 of the four
-scale groups j, so the 16 words give group j (its 32 values) as 16 pairs of adjacent k, the way a
-tensor core takes two 16-bit values from one 32-bit register. Byte j of the scales int32 is group
-j's e8m0; they are stored [steps, N], so a tile's are one contiguous 32-bit load per row. K is
-padded to whole steps with zero nibbles.
+values of K. `repack` (in prepare_weights) rewrites each 128-wide K step of a weight row as 16 int32
+words and one int32 of scales, both stored step-major ([steps, N, 16] and [steps, N]): the rows of a
+tile's step are one contiguous run (64 bytes each), not 64 bytes at a stride of the row's length.
+Word r holds the values k = 32 j + 2 r and k + 1 of the four scale groups j, so the 16 words give
+group j (its 32 values) as 16 pairs of adjacent k, the way a tensor core takes two 16-bit values
+from one 32-bit register. Byte j of the scales int32 is group j's e8m0. K is padded to whole steps
+with zero nibbles.
 
 The decode is exact and branch-free. An e2m1 nibble s|e1 e0|m moved to bf16's sign bit and to bits
 6..8 (the low two exponent bits and the top mantissa bit) is the bf16 of its value times 2^-126,
@@ -77,12 +78,12 @@ def steps(k: int) -> int:
 
 def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
     """Checkpoint mxfp4 ([E, N, K/2] uint8, even k in the low nibble; e8m0 [E, N, K/32]) to
-    (words [E, N, steps * 16] int32, scales [E, steps, N] int32, scale_high: some e8m0 above
+    (words [E, steps, N, 16] int32, scales [E, steps, N] int32, scale_high: some e8m0 above
     ONE_MULTIPLY_MAX_E8M0). Past K: zero nibbles, zero scales."""
     E, N, half = packed.shape
     K = 2 * half
     S = steps(K)
-    words = torch.empty(E, N, S * WORDS_PER_STEP, dtype=torch.int32, device=packed.device)
+    words = torch.empty(E, S, N, WORDS_PER_STEP, dtype=torch.int32, device=packed.device)
     for e0 in range(0, E, REPACK_EXPERTS):
         p = packed[e0:e0 + REPACK_EXPERTS].to(torch.int64)
         e = p.shape[0]
@@ -97,7 +98,7 @@ def repack(packed: torch.Tensor, e8m0: torch.Tensor) -> tuple:
                     value = nibbles[:, :, :, j, :, bit // 16]
                     word |= ((value >> NIBBLE_BIT[bit % 16]) & 1) << ((bit - rotation) % 32)
         word = torch.where(word >= 2**31, word - 2**32, word)
-        words[e0:e0 + REPACK_EXPERTS] = word.reshape(e, N, S * WORDS_PER_STEP).to(torch.int32)
+        words[e0:e0 + REPACK_EXPERTS] = word.transpose(1, 2).to(torch.int32)
     scales = torch.nn.functional.pad(e8m0, (0, S * GROUPS_PER_STEP - e8m0.shape[2])).to(torch.int64)
     scales = scales.view(E, N, S, GROUPS_PER_STEP) << (8 * torch.arange(GROUPS_PER_STEP, device=e8m0.device))
     scales = scales.sum(dim=-1)
@@ -201,7 +202,7 @@ def step_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, K, N_TOTAL, stride_we, str
     dot's first operand), else [128, rows]."""
     step = k0 // 128
     r = tl.arange(0, 16)
-    row_words = expert * stride_we + rows.to(tl.int64) * (tl.cdiv(K, 128) * 16) + step * 16
+    row_words = expert * stride_we + step * (N_TOTAL * 16) + rows.to(tl.int64) * 16
     if SWAP_AB:
         words = tl.load(w_ptr + row_words[:, None] + r[None, :], mask=row_ok[:, None], other=0)
     else:

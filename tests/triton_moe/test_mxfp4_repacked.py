@@ -52,7 +52,7 @@ def _check(device, scale_high, pair_fma=False):
     packed, e8m0 = _weights(device, EXPONENTS if scale_high else ONE_MULTIPLY)
     words, scales, holds_high = mxfp4_repacked.repack(packed, e8m0)
     assert holds_high == scale_high
-    assert words.shape == (1, N, 3 * 16) and scales.shape == (1, 3, N) and scales.dtype == torch.int32
+    assert words.shape == (1, 3, N, 16) and scales.shape == (1, 3, N) and scales.dtype == torch.int32
     ref = dequant.mxfp4(packed.cpu(), e8m0.cpu(), torch.float64)[0]
     for swap_ab in (True, False):
         out = torch.full((N, 3 * 128), float("nan"), dtype=torch.float32, device=device)
