@@ -97,13 +97,13 @@ DECODE_CANDIDATES = (
 )
 # Repacked mxfp4 (BLOCK_K 128, one step of words) at decode: the usual order at 16 and 32 weight
 # rows on 2 and 4 warps (the rule's 1-token tiles among them), and the swap-AB tiles (the rule's
-# from 8 tokens, on 6 stages) on 4 and 8 stages.
+# from 8 tokens, on 4 stages) on 6 and 8 stages.
 MXFP4_DECODE_CANDIDATES = (
     (16, (32, 128, 4, 4), (32, 128, 4, 4)),
     (16, (16, 128, 4, 4), (16, 128, 4, 4)),
     (16, (32, 128, 2, 4), (32, 128, 2, 4)),
     (16, (16, 128, 2, 4), (16, 128, 2, 4)),
-    (16, (32, 128, 4, 4, True), (64, 128, 4, 4, True)),
+    (16, (32, 128, 4, 6, True), (64, 128, 4, 6, True)),
     (16, (32, 128, 4, 8, True), (64, 128, 4, 8, True)),
     (16, (16, 128, 4, 4, True), (32, 128, 4, 4, True)),
 )
@@ -154,6 +154,12 @@ def with_config(kernel, tokens: int, block_m: int, g1: tuple, g2: tuple):
         h_fp8=config.fp8_act and g1[0] == 128))
 
 
+def grouped(kernel, tokens: int):
+    """The rule's config for `tokens` with its routes grouped by expert (the grouping launch first)
+    where the rule runs a block per route."""
+    _swept(kernel, tokens, lambda config: dict(per_route=False))
+
+
 def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
     """The rule's config for `tokens` with each GEMM's pipeline that many stages shallower (two at
     least)."""
@@ -197,14 +203,19 @@ def main(argv=None) -> int:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
             if rule.gemv1 is None:
                 candidates += [("shallower", *by) for by in SHALLOWER]
+            if rule.per_route:
+                candidates.append(("grouped",))
         for candidate in candidates:
             if candidate is None:
                 pass
+            elif candidate[0] == "grouped":
+                grouped(kernel, tokens)
             elif candidate[0] == "shallower":
                 shallower(kernel, tokens, *candidate[1:])
             else:
                 with_config(kernel, tokens, *candidate)
-            label = kernel.config(tokens).describe()
+            config = kernel.config(tokens)
+            label = config.describe() + ("; a block per route" if config.per_route else "")
             try:
                 t = stage_times(kernel, prepared, sets)
             except Exception as exc:  # a candidate that does not compile or fit is reported, not fatal

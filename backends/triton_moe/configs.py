@@ -71,10 +71,12 @@ MIN_DECODE_BLOCK_N = 32
 # against 54.7 for 32-wide tiles on 4 warps (16 on 4 warps 60.1, 32 on 2 warps 82.6).
 MXFP4_DECODE_BLOCK_N = 16
 MXFP4_DECODE_WARPS = 2
-# Repacked mxfp4's swap-AB decode tiles (64 weight rows, BLOCK_M 16): 6 stages in flight. On an
-# H100 (benchmarks/triton_moe_stages.py --sweep), gpt-oss-120b at 8 tokens 185.8 us against 202.7 on
-# 4 stages and 184.9 on 8; at 64 tokens 621.1 against 683.0 and 622.4.
-MXFP4_DECODE_STAGES = 6
+# Repacked mxfp4's swap-AB decode tiles (64 weight rows, BLOCK_M 16): 4 stages in flight. With the
+# step-major words a stage is one contiguous run, and fewer stages let more programs share an SM
+# (benchmarks/triton_moe_stages.py --sweep): gpt-oss-120b at 8 tokens 152.3 us against 159.2 on 6
+# stages and 170.6 on 8 (H100), 150.7 against 159.1 (H200); at 64 tokens 535.5 against 559.3 (H100).
+# With the row-major words before, 6 stages had been faster (H100, 8 tokens: 185.8 against 202.7).
+MXFP4_DECODE_STAGES = 4
 # bf16 decode GEMM 2 over a long K (mixtral-8x7b's 14336: 112 steps of 128): 3 stages, so three of
 # its 16- or 32-row programs share an SM where 4 stages leave room for two, and each long weight
 # row streams beside more of them. On an H100 (benchmarks/triton_moe_stages.py --sweep),
