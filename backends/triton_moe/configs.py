@@ -13,9 +13,9 @@ no Triton), so it is tested on recorded profiles anywhere.
   H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 8%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
-- Repacked mxfp4 (its default path, mxfp4_repacked): no GEMV; swap-AB wherever the N tiles need not
-  narrow to 32 (the decoded weights as wgmma's register operand), 64 weight rows per tile at
-  BLOCK_M 16 and 128 from 32; GEMM 1's tile holds gate and up rows together.
+- Repacked mxfp4 (its default path, mxfp4_repacked): no GEMV; swap-AB at every size (the decoded
+  weights as wgmma's register operand), 64 weight rows per tile at BLOCK_M 16 and 128 from 32; GEMM
+  1's tile holds gate and up rows together.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
@@ -65,12 +65,6 @@ GEMV_MIN_BLOCK_N = 4
 GEMV_TILE_VALUES = {"bf16": 4096, "fp8_block128": 4096, "mxfp4": 8192}
 PROGRAMS_PER_SM = 2  # at decode, enough programs streaming weights to cover memory latency
 MIN_DECODE_BLOCK_N = 32
-# Repacked mxfp4 where the decode rule narrowed the N tiles to MIN_DECODE_BLOCK_N (1 token): half as
-# wide on half the warps, twice the programs and the same warps in total, so each warp decodes the
-# same values with twice the loads in flight per SM. On an H100, gpt-oss-120b at 1 token: 52.2 us
-# against 54.7 for 32-wide tiles on 4 warps (16 on 4 warps 60.1, 32 on 2 warps 82.6).
-MXFP4_DECODE_BLOCK_N = 16
-MXFP4_DECODE_WARPS = 2
 # Repacked mxfp4's swap-AB decode tiles (64 weight rows, BLOCK_M 16): 4 stages in flight. With the
 # step-major words a stage is one contiguous run, and fewer stages let more programs share an SM
 # (benchmarks/triton_moe_stages.py --sweep): gpt-oss-120b at 8 tokens 152.3 us against 159.2 on 6
@@ -266,19 +260,12 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def _mxfp4_repacked_tiles(gemm1: GemmConfig, gemm2: GemmConfig, tiles_1: int, block_m: int, decode: bool,
-                          smem: int, amd: bool, swap_ab: Optional[bool]) -> tuple:
+def _mxfp4_repacked_tiles(tiles_1: int, block_m: int, smem: int, amd: bool, swap_ab: Optional[bool]) -> tuple:
     """Repacked mxfp4 (gate and up rows in one GEMM 1 tile): swap-AB, the decoded weights as the dot's
     register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per tile (one
-    wgmma M) at BLOCK_M 16 (MXFP4_DECODE_STAGES deep) and 128 from BLOCK_M 32 (three stages); where the
-    decode rule narrowed the N tiles to 32 to keep the GPU busy (1 token), the usual order (16-row
-    mma.sync) on tiles narrowed once more, on fewer warps (MXFP4_DECODE_BLOCK_N, _WARPS). Two stages on
-    AMD. Chosen by timing each config alone on gpt-oss-120b on the H200 and the H100; the figures are in
-    docs/backends/triton_moe.md."""
-    if decode and gemm1.block_n <= MIN_DECODE_BLOCK_N and not swap_ab:
-        narrow = attrs.evolve(gemm1, block_n=MXFP4_DECODE_BLOCK_N, num_warps=MXFP4_DECODE_WARPS)
-        return narrow, narrow, (f"mxfp4 decode: N tiles of {MXFP4_DECODE_BLOCK_N} on {MXFP4_DECODE_WARPS} "
-                                "warps for enough programs, 16-row mma.sync with the decoded weights second")
+    wgmma M) at BLOCK_M 16 (MXFP4_DECODE_STAGES deep), 1 token included, and 128 from BLOCK_M 32 (three
+    stages). Two stages on AMD. Chosen by timing each config alone on gpt-oss-120b on the H200 and the
+    H100; the figures are in docs/backends/triton_moe.md."""
     rows = 64 if block_m <= 16 else 128
     warps = 8 if block_m >= 128 else 4
 
@@ -416,7 +403,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                            "programs share an SM")
     repacked = spec.weight_format == "mxfp4" and mxfp4_path == REPACKED_MXFP4
     if repacked:
-        gemm1, gemm2, why = _mxfp4_repacked_tiles(gemm1, gemm2, tiles_1, block_m, decode, smem, amd, swap_ab)
+        gemm1, gemm2, why = _mxfp4_repacked_tiles(tiles_1, block_m, smem, amd, swap_ab)
         reasons.append(why)
     # Not for mxfp4, whose prefill is bound by the e2m1 decode in registers, not by weight reads
     # (measured with dot_scaled):

@@ -134,8 +134,8 @@ class TritonMoEKernel(MoEKernel):
         gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too (not for
         repacked mxfp4, which has none). swap_ab=True puts dequantized weights first in the dot
-        (the rule does for repacked mxfp4 past 1 token, not elsewhere: measured slower on the
-        H200), False never. grouped_n=False walks each block's N tiles in turn at prefill too (the
+        (the rule does for repacked mxfp4, not elsewhere: measured slower on the H200), False
+        never. grouped_n=False walks each block's N tiles in turn at prefill too (the
         rule groups blocks)."""
         super().__init__(spec, target)
         if fp8_act is not None and fp8_act not in configs.FP8_ACT_VALUES:
