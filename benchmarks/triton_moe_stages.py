@@ -96,8 +96,8 @@ DECODE_CANDIDATES = (
     (16, (16, 256, 4, 3), (32, 128, 4, 4)),
 )
 # Repacked mxfp4 (BLOCK_K 128, one step of words) at decode: the usual order at 16 and 32 weight
-# rows on 2 and 4 warps (the rule's 1-token tiles among them), and the swap-AB tiles (the rule's
-# from 8 tokens, on 4 stages) on 6 and 8 stages.
+# rows on 2 and 4 warps (the 1-token tiles of the rule before the step-major words among them), and
+# the rule's swap-AB tiles (4 stages) on 6 and 8 stages.
 MXFP4_DECODE_CANDIDATES = (
     (16, (32, 128, 4, 4), (32, 128, 4, 4)),
     (16, (16, 128, 4, 4), (16, 128, 4, 4)),
