@@ -110,6 +110,8 @@ MXFP4_DECODE_CANDIDATES = (
 # The rule's own tiles with shallower pipelines: (stages fewer for GEMM 1, for GEMM 2), timed at
 # every point of a sweep where the rule runs the GEMMs.
 SHALLOWER = ((0, 1), (1, 1))
+# The launches of the grouping column: under w8a8 the first also quantizes x.
+GROUPING_STAGES = ("align", "align_quantize_x", "count_routes", "count_routes_quantize_x", "scatter_routes")
 
 
 def parse_point(point: str):
@@ -177,8 +179,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     target = Target("cuda:0", hal.probe(deep=True))
     print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| point | config | quantize x | grouping | gemm1 (GEMV 1) | gemm2 (GEMV 2 + top-k sum) "
-          "| top_k_sum | call (us) |")
+    print("| point | config | quantize x (alone) | grouping (w8a8: and quantize x) | gemm1 (GEMV 1) "
+          "| gemm2 (GEMV 2 + top-k sum) | top_k_sum | call (us) |")
     print("|---|---|---|---|---|---|---|---|")
     for point in args.points.split(","):
         spec, tokens, fp8_act = parse_point(point)
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # a candidate that does not compile or fit is reported, not fatal
                 print(f"| {point} | {label} | failed: {type(exc).__name__}: {str(exc)[:80]} ||||||")
                 continue
-            grouping = t.get("align", t.get("count_routes", 0.0) + t.get("scatter_routes", 0.0))
+            grouping = sum(t.get(name, 0.0) for name in GROUPING_STAGES)
             print(f"| {point} | {label} | {t.get('quantize_x', 0.0):.1f} | {grouping:.1f} | "
                   f"{t.get('gemm1', t.get('gemv1', 0.0)):.1f} | "
                   f"{t.get('gemm2', t.get('gemv2_top_k_sum', 0.0)):.1f} | {t.get('top_k_sum', 0.0):.1f} | "

@@ -432,7 +432,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         # Quantizing x in GEMM 1's registers instead (no launch, but once per N tile, on each K
         # step's critical path): on the H200 GEMM 1 took 4-55% longer at decode (deepseek-v3's EP
         # rank at 8 tokens 69.1 against 48.2 us).
-        reasons.append(f"{FP8_ACT_NAMES[act_terms]}: x quantized once by a launch; h "
+        reasons.append(f"{FP8_ACT_NAMES[act_terms]}: x quantized once per call, in the grouping launch; h "
                        + (f"written as {FP8_TERMS[act_terms]} + scales by GEMM1's epilogue (128-wide N tiles)"
                           if h_fp8 else "stored in 16 bits, quantized in GEMM2's registers"))
     if swap_ab and ((fp8 and not fp8_act) or (spec.weight_format == "mxfp4" and mxfp4_path != "bits")):

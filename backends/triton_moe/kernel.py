@@ -4,8 +4,9 @@ de-interleaved for swiglu_oai) but for mxfp4, which it repacks once for the tens
 layer as four
 launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
 ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
-experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 (fp8_act=True)
-adds one launch first, quantizing the input to e4m3 per row and 128 columns. Scratch sizes depend
+experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 quantizes the
+input to e4m3 per row and 128 columns in the grouping's first launch (quantized_grouping; a launch
+of its own where each block is one route). Scratch sizes depend
 on the token count and top_k only, and nothing reads device values on the host, so a call can be
 captured in a CUDA graph."""
 
@@ -24,6 +25,7 @@ from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kern
 from backends.triton_moe.plan import TritonMoEPlan
 from backends.triton_moe.quant import FP8_GROUP, quantize_groups_kernel
 from backends.triton_moe.quant import GROUPS_PER_PROGRAM as QUANT_GROUPS_PER_PROGRAM
+from backends.triton_moe.quantized_grouping import align_and_quantize_kernel, count_and_quantize_kernel
 from backends.triton_moe.routing import (
     align_routes_kernel,
     count_routes_kernel,
@@ -191,11 +193,11 @@ class TritonMoEKernel(MoEKernel):
         if self.spec.weight_format == "fp8_block128":
             path += ((", two fp8 x fp8 dots per K step" if config.act_terms == 2 else ", fp8 x fp8 dots")
                      if config.fp8_act else ", converted to 16 bits in registers")
-        quantize = int(config.fp8_act)
-        if config.per_route:
-            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1 + quantize, path)
+        if config.per_route:  # no grouping launch: w8a8 quantizes x in one of its own
+            return TritonMoEPlan(tokens, config, tokens * self.spec.top_k, LAUNCHES - 1 + int(config.fp8_act),
+                                 path)
         programs, _ = align_programs(tokens * self.spec.top_k)
-        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1) + quantize, path)
+        return TritonMoEPlan(tokens, config, blocks, LAUNCHES + (programs > 1), path)
 
     # --- weights -------------------------------------------------------------------------------
     def _prepare(self, weights) -> TritonMoEWeights:
@@ -342,10 +344,12 @@ class TritonMoEKernel(MoEKernel):
             x_q = torch.empty(M, terms * H, dtype=fp8, device=device)
             x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
 
+        groups = math.ceil(H / FP8_GROUP)
+        parts = triton.cdiv(groups, QUANT_GROUPS_PER_PROGRAM)  # quantizing programs per row of x
+
         def quantize_x():
-            groups = math.ceil(H / FP8_GROUP)
-            quantize_groups_kernel[(M, triton.cdiv(groups, QUANT_GROUPS_PER_PROGRAM))](
-                x, x_q, x_scale, H, groups, GROUPS=QUANT_GROUPS_PER_PROGRAM, TERMS=terms)
+            quantize_groups_kernel[(M, parts)](x, x_q, x_scale, H, groups, GROUPS=QUANT_GROUPS_PER_PROGRAM,
+                                               TERMS=terms)
 
         block_chunk = max(16, ALIGN_TILE_ELEMENTS // bins)
 
@@ -354,6 +358,13 @@ class TritonMoEKernel(MoEKernel):
                 ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
                 max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
                 BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+
+        def align_quantize_x():
+            align_and_quantize_kernel[(1 + M * parts,)](
+                ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
+                max_blocks, x, x_q, x_scale, H, groups, parts, LOCAL_EXPERTS=spec.local_experts, BINS=bins,
+                BLOCK_M=bm, CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
+                GROUPS=QUANT_GROUPS_PER_PROGRAM, TERMS=terms, num_warps=ALIGN_WARPS)
 
         programs, chunk = align_programs(routes)
         counts = torch.empty(programs, bins, dtype=torch.int32, device=device)
@@ -364,6 +375,12 @@ class TritonMoEKernel(MoEKernel):
                 ids, id_map, counts, sorted_routes, routes, spec.num_experts, max_padded,
                 LOCAL_EXPERTS=spec.local_experts, BINS=bins, CHUNK=chunk, HAS_MAP=has_map,
                 num_warps=ALIGN_WARPS)
+
+        def count_routes_quantize_x():
+            count_and_quantize_kernel[(programs + M * parts,)](
+                ids, id_map, counts, sorted_routes, routes, spec.num_experts, max_padded, programs, x, x_q,
+                x_scale, H, groups, parts, LOCAL_EXPERTS=spec.local_experts, BINS=bins, CHUNK=chunk,
+                HAS_MAP=has_map, GROUPS=QUANT_GROUPS_PER_PROGRAM, TERMS=terms, num_warps=ALIGN_WARPS)
 
         def scatter_routes():
             scatter_routes_kernel[(programs,)](
@@ -388,11 +405,14 @@ class TritonMoEKernel(MoEKernel):
                 y, ids, id_map, out, routes, spec.num_experts, H, TOP_K=spec.top_k,
                 LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, BLOCK_H=SUM_BLOCK_H)
 
-        grouping = [("align", align)] if programs == 1 else [("count_routes", count_routes),
-                                                             ("scatter_routes", scatter_routes)]
+        # w8a8 quantizes x in the grouping's first launch, or alone where a block is a route.
         if per_route:
-            grouping = []
-        quantize = [("quantize_x", quantize_x)] if config.fp8_act else []
-        return Launches(quantize + grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
+            grouping = [("quantize_x", quantize_x)] if config.fp8_act else []
+        elif programs == 1:
+            grouping = [("align_quantize_x", align_quantize_x) if config.fp8_act else ("align", align)]
+        else:
+            grouping = [("count_routes_quantize_x", count_routes_quantize_x) if config.fp8_act
+                        else ("count_routes", count_routes), ("scatter_routes", scatter_routes)]
+        return Launches(grouping + [("gemm1", gemm1), ("gemm2", gemm2), ("top_k_sum", top_k_sum)],
                         dict(sorted_routes=sorted_routes, block_expert=block_expert, h=h, h_scale=h_scale,
                              x_q=x_q, x_scale=x_scale, y=y))

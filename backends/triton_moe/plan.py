@@ -25,8 +25,10 @@ class TritonMoEPlan:
                     f"per token, x topk weight, summed over its routes; {self.weight_path}. Why: {why}")
         grouping = (f"one BLOCK_M {c.block_m} block per route (grid {self.max_blocks})" if c.per_route else
                     f"align routes into BLOCK_M {c.block_m} blocks (grid {self.max_blocks})")
-        if c.fp8_act:
+        if c.fp8_act and c.per_route:
             grouping = f"quantize x to {FP8_TERMS[c.act_terms]} per 128 columns -> " + grouping
+        elif c.fp8_act:
+            grouping += f" and quantize x to {FP8_TERMS[c.act_terms]} per 128 columns in the same launch"
         return (f"triton_moe: {self.tokens} tokens (bucket {c.tokens_bucket}), {self.launches} launches: "
                 f"{grouping} -> GEMM1 "
                 f"[{c.gemm1.describe()}] + activation -> GEMM2 [{c.gemm2.describe()}] x topk weight -> "

@@ -38,11 +38,17 @@ def quantize_remainder(a, q, scale, FP8_DTYPE: tl.constexpr):
 
 @triton.jit
 def quantize_groups_kernel(x_ptr, q_ptr, s_ptr, K, scale_cols, GROUPS: tl.constexpr, TERMS: tl.constexpr):
-    """One row, GROUPS slices of 128 columns per program: q [rows, K] e4m3, s [rows, scale_cols].
-    TERMS 2: each value also gets a low term, what the first leaves in units of the same scale
-    (q [rows, 2, K]: a row's high terms, then its low terms; s as for one term)."""
-    row = tl.program_id(0).to(tl.int64)
-    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    """quantize_groups, a program per row and GROUPS slices."""
+    quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, tl.program_id(0), tl.program_id(1), GROUPS, TERMS)
+
+
+@triton.jit
+def quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, row, part, GROUPS: tl.constexpr, TERMS: tl.constexpr):
+    """Slices part * GROUPS .. + GROUPS - 1 (128 columns each) of one row: q [rows, K] e4m3,
+    s [rows, scale_cols]. TERMS 2: each value also gets a low term, what the first leaves in units
+    of the same scale (q [rows, 2, K]: a row's high terms, then its low terms; s as for one term)."""
+    row = row.to(tl.int64)
+    group = part * GROUPS + tl.arange(0, GROUPS)
     cols = group[:, None] * 128 + tl.arange(0, 128)[None, :]
     ok = cols < K
     x = tl.load(x_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)

@@ -28,7 +28,18 @@ def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_e
                         num_routes, num_experts, max_padded, max_blocks,
                         LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr,
                         CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
-    """One program. Routes (token * top_k + slot) are grouped by local expert into runs padded to
+    """One program: align_routes."""
+    align_routes(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr, cursor_ptr, num_routes,
+                 num_experts, max_padded, max_blocks, LOCAL_EXPERTS, BINS, BLOCK_M, CHUNK, BLOCK_CHUNK,
+                 HAS_MAP)
+
+
+@triton.jit
+def align_routes(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr, cursor_ptr,
+                 num_routes, num_experts, max_padded, max_blocks,
+                 LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
+    """One program's work. Routes (token * top_k + slot) are grouped by local expert into runs padded to
     BLOCK_M; sorted_routes holds the route of each padded row (num_routes for a pad row) and
     block_expert the expert of each BLOCK_M block (-1 past the last used block). BINS > the local
     experts: the last bins count dropped routes. The order of routes within an expert's run is
@@ -73,11 +84,18 @@ def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_e
 def count_routes_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_routes_ptr, num_routes,
                         num_experts, max_padded, LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr,
                         CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
-    """Many routes, first of two launches: each program counts its CHUNK of routes per expert into
-    its own row of counts [programs, BINS] (no atomics, nothing to zero) and fills its share of
-    sorted_routes with the pad value."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
+    """Many routes, first of two launches: count_routes, a program each."""
+    count_routes(tl.program_id(0), tl.num_programs(0), topk_ids_ptr, expert_map_ptr, counts_ptr,
+                 sorted_routes_ptr, num_routes, num_experts, max_padded, LOCAL_EXPERTS, BINS, CHUNK, HAS_MAP)
+
+
+@triton.jit
+def count_routes(pid, programs, topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_routes_ptr, num_routes,
+                 num_experts, max_padded, LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr,
+                 CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
+    """Program pid of `programs` counts its CHUNK of routes per expert into its own row of counts
+    [programs, BINS] (no atomics, nothing to zero) and fills its share of sorted_routes with the
+    pad value."""
     lanes = tl.arange(0, CHUNK)
     expert = local_expert(topk_ids_ptr, expert_map_ptr, pid * CHUNK + lanes, num_routes, num_experts,
                           LOCAL_EXPERTS, HAS_MAP)

@@ -218,23 +218,25 @@ def _check_terms(q, scale, ref, terms, check_e4m3_groups, dequantize_groups):
     return hi + lo
 
 
-@pytest.mark.parametrize("I,fp8_act", [(256, True), (200, True), (200, "x2")])
-def test_w8a8_quantized_activations(I, fp8_act, weights_for, e4m3_groups):
-    """The per-call quantization of x and GEMM 1's fp8 epilogue, read between the launches: the
-    e4m3 values and scales of x, and of h against the float64 activation of x's own e4m3 values
-    (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized); with
-    fp8_act="x2" both terms of each."""
+@pytest.mark.parametrize("I,fp8_act,M", [(256, True, 130), (200, True, 130), (200, "x2", 130),
+                                         (200, "x2", 1100)])
+def test_w8a8_quantized_activations(I, fp8_act, M, weights_for, e4m3_groups):
+    """The per-call quantization of x (in the grouping's first launch: one program groups 260
+    routes, 2200 are counted over several) and GEMM 1's fp8 epilogue, read between the launches:
+    the e4m3 values and scales of x, and of h against the float64 activation of x's own e4m3
+    values (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized);
+    with fp8_act="x2" both terms of each."""
     spec = small_spec("fp8_block128", "silu", bias=True, experts=4, top_k=2, H=200, I=I)
     kernel = TritonMoEKernel(spec, CPU, fp8_act=fp8_act)
-    terms = kernel.plan(130).config.act_terms
+    terms = kernel.plan(M).config.act_terms
     assert terms == (2 if fp8_act == "x2" else 1)
-    M = 130
     w = weights_for(spec, 0, "cpu")
     prepared = kernel.prepare_weights(w)
     x = random_tokens(spec, M, seed=2)
     tw, ti = random_routing(spec, M, seed=3)
     call = kernel.launches(x, tw, ti, prepared.data, poison(torch.empty_like(x)))
-    assert [name for name, _ in call.stages][0] == "quantize_x"
+    one_program = M * spec.top_k <= kernel_module.ALIGN_ONE_PROGRAM_ROUTES
+    assert call.stages[0][0] == ("align_quantize_x" if one_program else "count_routes_quantize_x")
     for name, launch in call.stages:
         launch()
         if name == "gemm1":
