@@ -25,7 +25,8 @@ def align_and_quantize_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, b
                      num_routes, num_experts, max_padded, max_blocks, LOCAL_EXPERTS, BINS, BLOCK_M, CHUNK,
                      BLOCK_CHUNK, HAS_MAP)
     else:
-        quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, (pid - 1) // parts, (pid - 1) % parts, GROUPS,
+        quantizer = pid - 1
+        quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, quantizer // parts, quantizer % parts, GROUPS,
                         TERMS)
 
 
@@ -40,5 +41,6 @@ def count_and_quantize_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_r
         count_routes(pid, programs, topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_routes_ptr, num_routes,
                      num_experts, max_padded, LOCAL_EXPERTS, BINS, CHUNK, HAS_MAP)
     else:
-        part = pid - programs
-        quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, part // parts, part % parts, GROUPS, TERMS)
+        quantizer = pid - programs
+        quantize_groups(x_ptr, q_ptr, s_ptr, K, scale_cols, quantizer // parts, quantizer % parts, GROUPS,
+                        TERMS)
