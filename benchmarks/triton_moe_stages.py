@@ -110,6 +110,13 @@ MXFP4_DECODE_CANDIDATES = (
 # The rule's own tiles with shallower pipelines: (stages fewer for GEMM 1, for GEMM 2), timed at
 # every point of a sweep where the rule runs the GEMMs.
 SHALLOWER = ((0, 1), (1, 1))
+# bf16 prefill at 128-row blocks: the rule's tiles (their N grouping kept) with these fields
+# replaced, (GEMM 1, GEMM 2): GEMM 1 on a fourth stage, and GEMM 2 as the rule took it before
+# configs.WIDE_PREFILL_GEMM2_BLOCK_N (128 wide on 3 stages; SHALLOWER times 256 wide on 3).
+WIDER_DEEPER = (
+    (dict(num_stages=4), {}),
+    ({}, dict(block_n=128, num_stages=3)),
+)
 # The launches of the grouping column: under w8a8 the first also quantizes x.
 GROUPING_STAGES = ("align", "align_quantize_x", "count_routes", "count_routes_quantize_x", "scatter_routes")
 
@@ -172,6 +179,12 @@ def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
                                                gemm2=less(config.gemm2, gemm2_by)))
 
 
+def evolved(kernel, tokens: int, gemm1_changes: dict, gemm2_changes: dict):
+    """The rule's config for `tokens` with these fields of each GEMM's tiles replaced."""
+    _swept(kernel, tokens, lambda config: dict(gemm1=attrs.evolve(config.gemm1, **gemm1_changes),
+                                               gemm2=attrs.evolve(config.gemm2, **gemm2_changes)))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", default=",".join(DEFAULT_POINTS))
@@ -203,6 +216,8 @@ def main(argv=None) -> int:
                 candidates += list(MXFP4_DECODE_CANDIDATES)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
+                if rule.block_m >= 128 and spec.weight_format == "bf16":
+                    candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
             if rule.gemv1 is None:
                 candidates += [("shallower", *by) for by in SHALLOWER]
             if rule.per_route:
@@ -214,6 +229,8 @@ def main(argv=None) -> int:
                 grouped(kernel, tokens)
             elif candidate[0] == "shallower":
                 shallower(kernel, tokens, *candidate[1:])
+            elif candidate[0] == "evolved":
+                evolved(kernel, tokens, *candidate[1:])
             else:
                 with_config(kernel, tokens, *candidate)
             config = kernel.config(tokens)

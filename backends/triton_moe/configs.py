@@ -122,10 +122,22 @@ W8A8X2_PREFILL_GEMM1 = dict(block_n=128, block_k=128, num_warps=8, num_stages=3,
 W8A8X2_PREFILL_GEMM2 = dict(block_n=128, block_k=128, num_warps=4, num_stages=4, swap_ab=False)
 # The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
 REPACKED_MXFP4 = "repacked"
-FP8_MMA_CAPABILITY = (8, 9)
+FP8_MMA_CAPABILITY = (8, 9)  # Ada and Hopper have e4m3 tensor cores; Ampere does not
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
-# measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens).
-MAX_STAGES_BLOCK_M_128 = 3  # Ada and Hopper have e4m3 tensor cores; Ampere does not
+# measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens, both GEMMs on 128-wide tiles).
+MAX_STAGES_BLOCK_M_128 = 3
+# bf16 GEMM 2 at 128-row blocks on GPUs with wgmma, where four 48 KiB stages fit: 256-wide N tiles
+# on 4 stages (one 128 x 256 fp32 accumulator, as many registers as GEMM 1's gate and up tiles):
+# each x tile loaded to shared memory feeds twice the columns, and the deeper pipeline covers the
+# longer loads. On an H100 (benchmarks/triton_moe_stages.py --sweep, two runs; GEMM 2 alone, 256
+# wide on 4 stages against 128 wide on 3): mixtral-8x7b at 4096 tokens 1828.8 us against 2081.4,
+# at 512 420.3 against 449.9; at 4096 tokens qwen3-30b-a3b 290.8 against 307.2, qwen3-235b-a22b
+# 1010.2 against 1083.2, gpt-oss-120b 932.0 against 971.9. 256 wide on 3 stages gained less on
+# four layers (qwen3-235b-a22b 1093.1 us); on mixtral-8x7b at 4096 tokens the two depths swapped
+# places between the runs (1753.3 against 1828.8 us in one, 1820.4 against 1755.3 in the other).
+# 128 wide on 4 stages lost (qwen3-30b-a3b 348.5 against 303.9): the H200 reading above.
+WIDE_PREFILL_GEMM2_BLOCK_N = 256
+WIDE_PREFILL_GEMM2_STAGES = 4
 W8A8_MAX_BLOCK_M = 64
 W8A8_DECODE_MIN_BLOCK_N = 64
 
@@ -396,6 +408,14 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
+        wide = _stages(block_m, WIDE_PREFILL_GEMM2_BLOCK_N, gemm2.block_k, 1, a_bits, 16, smem, amd)
+        if (spec.weight_format == "bf16" and block_m >= 128 and gpu is not None and gpu.features.wgmma
+                and wide >= WIDE_PREFILL_GEMM2_STAGES):
+            gemm2 = attrs.evolve(gemm2, block_n=WIDE_PREFILL_GEMM2_BLOCK_N,
+                                 num_stages=WIDE_PREFILL_GEMM2_STAGES)
+            reasons.append(f"bf16 GEMM 2 at BLOCK_M {block_m} (wgmma): {WIDE_PREFILL_GEMM2_BLOCK_N}-wide N "
+                           f"tiles on {WIDE_PREFILL_GEMM2_STAGES} stages, each x tile feeding twice the "
+                           "columns")
         steps = math.ceil(spec.intermediate_size / gemm2.block_k)
         if decode and spec.weight_format == "bf16" and steps >= LONG_K_DECODE_STEPS and not route_blocks:
             gemm2 = attrs.evolve(gemm2, num_stages=min(gemm2.num_stages, LONG_K_DECODE_STAGES))

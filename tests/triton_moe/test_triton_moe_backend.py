@@ -95,7 +95,10 @@ def test_config_rule_is_valid_everywhere(profile, model):
                 assert fmt == "fp8_block128" and gpu.features.wgmma and c.act_terms == 2
                 assert c.block_m <= configs.W8A8X2_MAX_BLOCK_M
             for gemm, tiles in ((c.gemm1, 2 if s.gated else 1), (c.gemm2, 1)):
-                assert gemm.block_n in (32, 64, 128) and gemm.num_warps in (4, 8)
+                # bf16 GEMM 2 at 128-row blocks on wgmma GPUs: 256 wide (configs.WIDE_PREFILL_GEMM2_BLOCK_N)
+                wide = (gemm is c.gemm2 and fmt == "bf16" and c.block_m == 128 and gpu.features.wgmma
+                        and gemm.block_n == configs.WIDE_PREFILL_GEMM2_BLOCK_N)
+                assert (gemm.block_n in (32, 64, 128) or wide) and gemm.num_warps in (4, 8)
                 assert gemm.block_k >= (64 if fmt == "mxfp4" else 32)
                 if fmt in ("fp8_block128", "int4_g128"):
                     assert 128 % gemm.block_k == 0  # one block / group scale per K step
