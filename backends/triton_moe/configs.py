@@ -465,7 +465,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         reasons.append(f"decode: ~{blocks:.0f} expert blocks; BLOCK_N {gemm1.block_n}/{gemm2.block_n} "
                        f"gives >= {PROGRAMS_PER_SM} programs per SM on {sms} SMs where N allows")
     else:
-        reasons.append("prefill: 128-wide N tiles per program (gate and up each when fused)")
+        reasons.append(f"prefill: N tiles of {gemm1.block_n}/{gemm2.block_n} per program (GEMM 1's for gate "
+                       "and up each when fused)")
     reasons.append(f"stages from {smem // 1024} KiB of shared memory per block" + (" (AMD: 2)" if amd else "")
                    + (" (w8a8x2's 64-row tiles: 3 at most)" if x2_prefill else ""))
     if gemv is False or repacked or not uses_gemv(spec, bucket, fp8_act, sms, gemv):
