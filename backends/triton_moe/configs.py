@@ -408,9 +408,9 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
-        wide = _stages(block_m, WIDE_PREFILL_GEMM2_BLOCK_N, gemm2.block_k, 1, a_bits, 16, smem, amd)
         if (spec.weight_format == "bf16" and block_m >= 128 and gpu is not None and gpu.features.wgmma
-                and wide >= WIDE_PREFILL_GEMM2_STAGES):
+                and _stages(block_m, WIDE_PREFILL_GEMM2_BLOCK_N, gemm2.block_k, 1, a_bits,
+                            _weight_bits("bf16"), smem, amd) >= WIDE_PREFILL_GEMM2_STAGES):
             gemm2 = attrs.evolve(gemm2, block_n=WIDE_PREFILL_GEMM2_BLOCK_N,
                                  num_stages=WIDE_PREFILL_GEMM2_STAGES)
             reasons.append(f"bf16 GEMM 2 at BLOCK_M {block_m} (wgmma): {WIDE_PREFILL_GEMM2_BLOCK_N}-wide N "

@@ -176,6 +176,23 @@ def test_w8a8_asked_for_keeps_the_gemv_for_few_routes():
     assert eight.config.fp8_act and eight.launches == 4 and "quantize x" in eight.describe()
 
 
+@pytest.mark.parametrize("profile", ("h100", "h200", "b200", "rtx5090", "mi300x"))
+def test_bf16_prefill_gemm2_is_256_wide_on_wgmma_gpus(profile):
+    """bf16 at 128-row blocks: GEMM 2 on 256-wide tiles and 4 stages where wgmma runs them (sm_90),
+    the 128-wide tiles elsewhere; 64-row blocks and other formats keep them everywhere."""
+    gpu = hal.probe(profile=profile).gpus[0]
+    mixtral = presets.get("mixtral-8x7b")
+    prefill = configs.choose(mixtral.spec("bf16"), gpu, 4096)
+    if gpu.features.wgmma:
+        assert prefill.block_m == 128
+        assert (prefill.gemm2.block_n, prefill.gemm2.num_stages) == (configs.WIDE_PREFILL_GEMM2_BLOCK_N, 4)
+        assert any("256-wide" in reason for reason in prefill.reasons)
+    else:
+        assert prefill.gemm2.block_n <= 128
+    assert configs.choose(mixtral.spec("bf16"), gpu, 64).gemm2.block_n <= 128
+    assert configs.choose(presets.get("qwen3-30b-a3b").spec("fp8_block128"), gpu, 4096).gemm2.block_n <= 128
+
+
 def test_decode_tiles_shrink_to_fill_the_sms():
     gpu = hal.probe(profile="h200").gpus[0]
     c = configs.choose(spec(), gpu, 1)
