@@ -1,6 +1,6 @@
 """vLLM 0.33.0's Triton fused MoE (`fused_moe_kernel`) run as vLLM's `fused_experts_impl` runs it,
-with glue written here: the kernel source and its tuned H200 configs are loaded from a folder given
-at run time (never part of this repository).
+with glue written here: the kernel source and its tuned configs (the H200's, or another GPU's by
+vLLM's name for it) are loaded from a folder given at run time (never part of this repository).
 
 The glue reproduces what vLLM launches around the kernel, one launch per vLLM custom op:
 - route alignment: vLLM's `moe_align_block_size` is a CUDA op; here triton_moe's own route grouping
@@ -14,6 +14,7 @@ The glue reproduces what vLLM launches around the kernel, one launch per vLLM cu
   vLLM does).
 
     peer = PeerFusedMoE.load(folder, spec, weights)   # folder: fused_moe_kernel.py + configs/
+    peer = PeerFusedMoE.load(folder, spec, weights, tables=vllm_device_name())  # this GPU's tables
     call = peer.call(x, topk_weights, topk_ids, out)  # buffers for one input set
     call.run()        # the whole layer
     call.run_gemms()  # the two fused_moe_kernel launches alone, on the buffers run() filled
@@ -95,10 +96,20 @@ def _load_module(path: Path):
     return module
 
 
-def config_file_name(local_experts: int, n: int, fp8: bool) -> str:
-    """vLLM's get_config_file_name on an H200: N is the intermediate size (w2's last dim)."""
+H200_TABLES = "NVIDIA_H200"
+
+
+def vllm_device_name(device=None) -> str:
+    """The device_name of vLLM's config files for this GPU: its CUDA name, spaces made underscores
+    (vLLM 0.33.0's get_config_file_name), e.g. NVIDIA_H100_80GB_HBM3."""
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def config_file_name(local_experts: int, n: int, fp8: bool, device_name: str = H200_TABLES) -> str:
+    """vLLM's get_config_file_name on the GPU named `device_name`: N is the intermediate size (w2's
+    last dim)."""
     dtype = ",dtype=fp8_w8a8,block_shape=[128,128]" if fp8 else ""
-    return f"E={local_experts},N={n},device_name=NVIDIA_H200{dtype}.json"
+    return f"E={local_experts},N={n},device_name={device_name}{dtype}.json"
 
 
 def quantize_groups(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -112,9 +123,10 @@ class PeerFusedMoE:
     """The peer for one layer: its kernel module, its config table (or vLLM's default rule where
     none is tuned for the shape) and the layer's weights in vLLM's layout (the checkpoint's)."""
 
-    def __init__(self, module, table, spec, weights):
+    def __init__(self, module, table, spec, weights, tables: str = H200_TABLES):
         self.module = module
         self.table = table  # {tokens: config} or None
+        self.tables = tables  # the device_name whose tables were looked up
         self.spec = spec
         self.fp8 = spec.weight_format == "fp8_block128"
         if spec.weight_format not in ("bf16", "fp8_block128"):
@@ -131,17 +143,20 @@ class PeerFusedMoE:
         self.swap_ab_arch = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
     @classmethod
-    def load(cls, folder, spec, weights) -> PeerFusedMoE:
+    def load(cls, folder, spec, weights, tables: str = H200_TABLES) -> PeerFusedMoE:
+        """tables: the device_name of the tuned tables to look up (vLLM's default rule where none
+        is tuned for the shape), as vLLM itself does on that GPU."""
         folder = Path(folder)
         module = _load_module(folder / "fused_moe_kernel.py")
-        name = config_file_name(spec.local_experts, spec.intermediate_size, spec.weight_format != "bf16")
+        name = config_file_name(spec.local_experts, spec.intermediate_size, spec.weight_format != "bf16",
+                                tables)
         path = folder / "configs" / name
         table = None
         if path.exists():
             raw = json.loads(path.read_text())
             raw.pop("triton_version", None)
             table = {int(k): v for k, v in raw.items()}
-        return cls(module, table, spec, weights)
+        return cls(module, table, spec, weights, tables)
 
     def config(self, tokens: int) -> dict:
         """vLLM's try_get_optimal_moe_config: the tuned entry nearest to `tokens`, else its default."""
@@ -154,7 +169,9 @@ class PeerFusedMoE:
                                               [128, 128] if self.fp8 else None)
 
     def config_source(self) -> str:
-        return "tuned H200 table" if self.table else "vLLM default rule (no tuned H200 table)"
+        if self.table:
+            return f"tuned {self.tables} table"
+        return f"vLLM default rule (no tuned {self.tables} table)"
 
     def call(self, x, topk_weights, topk_ids, out) -> PeerCall:
         return PeerCall(self, x, topk_weights, topk_ids, out)

@@ -4,12 +4,14 @@ and routing: CUDA graphs of one call per rotated input set for each side, sample
 
     python benchmarks/triton_moe_peer.py [--peer DIR] [--cases qwen3-30b-a3b:bf16,...]
         [--tokens 1,8,64,512,4096] [--budget-s S] [--json FILE] [--fp8-act [w8a8|w8a8x2]]
+        [--peer-tables h200|this-gpu]
     TRITON_INTERPRET=1 python benchmarks/triton_moe_peer.py --device cpu --cases tiny:bf16 --tokens 1,5
         (a check of the harness on CPU: the interpreter's figures mean nothing)
 
-DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and its
-`configs/*NVIDIA_H200*.json`, as benchmarks/triton_moe_peer_build.py writes them from vLLM's sdist
-(the glue around them: benchmarks/peer_fused_moe.py). Without --peer only triton_moe is
+DIR holds vLLM 0.33.0's `fused_moe_kernel` source as `fused_moe_kernel.py` and its tuned
+`configs/*NVIDIA_*.json`, as benchmarks/triton_moe_peer_build.py writes them from vLLM's sdist
+(the glue around them: benchmarks/peer_fused_moe.py); the peer reads the H200's tables, or with
+--peer-tables this-gpu the running GPU's, as vLLM does there. Without --peer only triton_moe is
 timed. Columns: `peer` is vLLM's whole layer (its kernel twice plus the glue launches vLLM makes),
 `peer GEMMs` its two fused_moe_kernel launches alone (a lower bound on any engine's call),
 `alternative` the rule's alternatives where it has some: `gemm` (tensor-core GEMMs, each block's N
@@ -164,9 +166,10 @@ class Row:
 
 
 def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log,
-             fp8_act=None):
+             fp8_act=None, peer_tables=None):
+    """peer_tables: the device_name of the peer's tuned configs (None: the H200's)."""
     device = target.device
-    from peer_fused_moe import PeerFusedMoE  # benchmarks/ is on sys.path when run as a script
+    from peer_fused_moe import H200_TABLES, PeerFusedMoE  # benchmarks/ is on sys.path as a script
 
     preset, ours_fmt, peer_fmt, overrides = CASES[name]
     spec = presets.get(preset).spec(ours_fmt, **overrides)
@@ -193,7 +196,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
         peer_weights = weights if peer_fmt == ours_fmt else device_weights(peer_spec, 7, device)
-        peer = PeerFusedMoE.load(peer_dir, peer_spec, peer_weights)
+        peer = PeerFusedMoE.load(peer_dir, peer_spec, peer_weights, peer_tables or H200_TABLES)
         print(f"# {name}: peer configs from {peer.config_source()}", file=log, flush=True)
     rows = []
     for tokens in tokens_list:
@@ -316,6 +319,9 @@ def main(argv=None) -> int:
                         help="start no new point after this many seconds")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--peer-tables", choices=("h200", "this-gpu"), default="h200",
+                        help="the peer's tuned configs: the H200's (the default), or this GPU's as "
+                             "vLLM names it, as vLLM itself runs on it (its default rule where none)")
     parser.add_argument("--fp8-act", nargs="?", const="w8a8", choices=FP8_ACT,
                         help="run fp8_block128 as w8a8 (fp8_act=True; w8a16 and the other operand "
                              "order timed beside it) or w8a8x2 (fp8_act='x2'; w8a16 and w8a8 beside it)")
@@ -336,9 +342,15 @@ def main(argv=None) -> int:
     import triton
 
     target = Target(device, hal.probe(deep=device != "cpu"))
+    from peer_fused_moe import H200_TABLES, vllm_device_name
+
+    if args.peer_tables == "this-gpu" and device == "cpu":
+        raise ValueError("--peer-tables this-gpu: --device cpu has no GPU whose tables to take")
+    peer_tables = vllm_device_name(device) if args.peer_tables == "this-gpu" else H200_TABLES
     if args.warm_only:
         for case in cases:
-            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout, fp8_act)
+            run_case(case, tokens, args.peer, target, None, None, 1, deadline, sys.stdout, fp8_act,
+                     peer_tables)
         return 0
     ceil = ceiling_probe.measure("cpu" if device == "cpu" else "cuda")
     fp8_rate = fp8_matmul_tflops(device, ceil.bf16_tflops)
@@ -354,7 +366,7 @@ def main(argv=None) -> int:
             continue
         try:
             rows += run_case(case, tokens, args.peer, target, ceil, fp8_rate, args.iters, deadline,
-                             sys.stdout, fp8_act)
+                             sys.stdout, fp8_act, peer_tables)
         except Exception as exc:  # one failing case is reported; the others still run
             print(f"# {case}: failed: {type(exc).__name__}: {exc}", flush=True)
     if args.peer:

@@ -1,7 +1,8 @@
 """Make the peer folder of `benchmarks/triton_moe_peer.py` from a vLLM source tree: vLLM's Triton
 `fused_moe_kernel`, the functions it and vLLM's default config rule (`get_default_config`) call,
-and its tuned H200 config tables. Nothing of vLLM is copied into this repository: the functions
-are read from --vllm when this runs, and written to --out.
+and its tuned NVIDIA config tables (every GPU's: the benchmark takes the H200's or the running
+GPU's). Nothing of vLLM is copied into this repository: the functions are read from --vllm when
+this runs, and written to --out.
 
     python benchmarks/triton_moe_peer_build.py --vllm /path/to/vllm-0.33.0 --out .peer/tritonmoe
     python benchmarks/triton_moe_peer.py --peer .peer/tritonmoe ...
@@ -24,7 +25,7 @@ from pathlib import Path
 SOURCE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 CONFIGS = "vllm/model_executor/layers/fused_moe/configs"
 ENTRY_POINTS = ("fused_moe_kernel", "get_default_config")
-CONFIG_GLOB = "*device_name=NVIDIA_H200*.json"
+CONFIG_GLOB = "*device_name=NVIDIA_*.json"
 # The names the extracted functions take from outside their file, as vLLM's defaults.
 SHIMMED = {"triton", "tl", "envs", "current_platform", "next_power_of_2"}
 PLATFORM_SHIM = '''import torch
@@ -90,7 +91,7 @@ def build(vllm: Path, out: Path) -> Path:
     tables = sorted((vllm / CONFIGS).glob(CONFIG_GLOB))
     for table in tables:
         shutil.copy(table, out / "configs" / table.name)
-    print(f"{module}: {', '.join(node.name for node in nodes)}; {len(tables)} H200 config tables")
+    print(f"{module}: {', '.join(node.name for node in nodes)}; {len(tables)} NVIDIA config tables")
     return module
 
 
