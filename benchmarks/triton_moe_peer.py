@@ -165,11 +165,11 @@ class Row:
     peer_config: str
 
 
-def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log,
-             fp8_act=None, peer_tables=None):
-    """peer_tables: the device_name of the peer's tuned configs (None: the H200's)."""
+def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, deadline, log, fp8_act,
+             peer_tables: str):
+    """peer_tables: the device_name of the peer's tuned configs (vLLM's naming, e.g. NVIDIA_H200)."""
     device = target.device
-    from peer_fused_moe import H200_TABLES, PeerFusedMoE  # benchmarks/ is on sys.path as a script
+    from peer_fused_moe import PeerFusedMoE  # benchmarks/ is on sys.path when run as a script
 
     preset, ours_fmt, peer_fmt, overrides = CASES[name]
     spec = presets.get(preset).spec(ours_fmt, **overrides)
@@ -196,7 +196,7 @@ def run_case(name: str, tokens_list, peer_dir, target, ceil, fp8_rate, iters, de
     peer_spec = presets.get(preset).spec(peer_fmt, **overrides)
     if peer_dir is not None:
         peer_weights = weights if peer_fmt == ours_fmt else device_weights(peer_spec, 7, device)
-        peer = PeerFusedMoE.load(peer_dir, peer_spec, peer_weights, peer_tables or H200_TABLES)
+        peer = PeerFusedMoE.load(peer_dir, peer_spec, peer_weights, peer_tables)
         print(f"# {name}: peer configs from {peer.config_source()}", file=log, flush=True)
     rows = []
     for tokens in tokens_list:
