@@ -3,7 +3,7 @@ timed alone, then the whole call under alternative configs, on public MoE layers
 one call per rotated input set (as `hal bench moe`), medians.
 
     python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8x2]
-                                           [--sweep]
+                                           [--sweep [tiles,deeper,regrouped,shallower,grouped]]
 """
 
 from __future__ import annotations
@@ -111,12 +111,19 @@ MXFP4_DECODE_CANDIDATES = (
 # every point of a sweep where the rule runs the GEMMs.
 SHALLOWER = ((0, 1), (1, 1))
 # bf16 prefill at 128-row blocks: the rule's tiles (their N grouping kept) with these fields
-# replaced, (GEMM 1, GEMM 2): GEMM 1 on a fourth stage, and GEMM 2 as the rule took it before
-# configs.WIDE_PREFILL_GEMM2_BLOCK_N (128 wide on 3 stages; SHALLOWER times 256 wide on 3).
+# replaced, (GEMM 1, GEMM 2): the tiles before configs.WIDE_PREFILL_STAGES (GEMM 1 on 3 stages; GEMM 2
+# 128 wide on 3 too; SHALLOWER times 256 wide on 3).
 WIDER_DEEPER = (
-    (dict(num_stages=4), {}),
-    ({}, dict(block_n=128, num_stages=3)),
+    (dict(num_stages=3), {}),
+    (dict(num_stages=3), dict(block_n=128, num_stages=3)),
 )
+# Each GEMM's N grouping the other way from the rule's (groups of configs.group_m where it walks
+# each block's N tiles in turn, and back), (GEMM 1, GEMM 2).
+REGROUPED = ((True, False), (False, True), (True, True))
+# --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
+# (WIDER_DEEPER), REGROUPED, SHALLOWER, and grouping routes by expert where the rule runs a block per
+# route.
+SWEEPS = ("tiles", "deeper", "regrouped", "shallower", "grouped")
 # The launches of the grouping column: under w8a8 the first also quantizes x.
 GROUPING_STAGES = ("align", "align_quantize_x", "count_routes", "count_routes_quantize_x", "scatter_routes")
 
@@ -185,11 +192,28 @@ def evolved(kernel, tokens: int, gemm1_changes: dict, gemm2_changes: dict):
                                                gemm2=attrs.evolve(config.gemm2, **gemm2_changes)))
 
 
+def regrouped(kernel, tokens: int, gemm1: bool, gemm2: bool, l2_bytes: int):
+    """The rule's config for `tokens` with the N grouping of the GEMMs marked True the other way
+    round: groups of configs.group_m where the rule has none, none where it has some."""
+    def flipped(config, gemm, k):
+        group = configs.group_m(config.block_m, k, 8 if config.fp8_act else 16, l2_bytes)
+        return attrs.evolve(gemm, group_m=1 if gemm.group_m > 1 else group)
+
+    _swept(kernel, tokens, lambda config: dict(
+        gemm1=flipped(config, config.gemm1, kernel.spec.hidden_size) if gemm1 else config.gemm1,
+        gemm2=flipped(config, config.gemm2, kernel.spec.intermediate_size) if gemm2 else config.gemm2))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", default=",".join(DEFAULT_POINTS))
-    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
+    parser.add_argument("--sweep", nargs="?", const=",".join(SWEEPS), default="",
+                        help="also time alternative launch configs, of these families (default all): "
+                             + ", ".join(SWEEPS))
     args = parser.parse_args(argv)
+    sweep = set(filter(None, args.sweep.split(",")))
+    if sweep - set(SWEEPS):
+        parser.error(f"--sweep: unknown families {sorted(sweep - set(SWEEPS))}; from {', '.join(SWEEPS)}")
     target = Target("cuda:0", hal.probe(deep=True))
     print(f"# triton_moe stages on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| point | config | quantize x (alone) | grouping (w8a8: and quantize x) | gemm1 (GEMV 1) "
@@ -204,7 +228,7 @@ def main(argv=None) -> int:
         prepared = kernel.prepare_weights(weights)
         rule = kernel.config(tokens)
         candidates = [None]
-        if args.sweep:
+        if "tiles" in sweep:
             if rule.fp8_act and rule.act_terms == 2 and rule.block_m >= 64:
                 candidates += list(W8A8X2_PREFILL_CANDIDATES)
             elif rule.fp8_act:
@@ -216,12 +240,14 @@ def main(argv=None) -> int:
                 candidates += list(MXFP4_DECODE_CANDIDATES)
             else:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
-                if rule.block_m >= 128 and spec.weight_format == "bf16":
-                    candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
-            if rule.gemv1 is None:
-                candidates += [("shallower", *by) for by in SHALLOWER]
-            if rule.per_route:
-                candidates.append(("grouped",))
+        if "deeper" in sweep and rule.block_m >= 128 and spec.weight_format == "bf16" and not rule.fp8_act:
+            candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
+        if "regrouped" in sweep and rule.gemv1 is None and rule.block_m >= 64:
+            candidates += [("regrouped", *which) for which in REGROUPED]
+        if "shallower" in sweep and rule.gemv1 is None:
+            candidates += [("shallower", *by) for by in SHALLOWER]
+        if "grouped" in sweep and rule.per_route:
+            candidates.append(("grouped",))
         for candidate in candidates:
             if candidate is None:
                 pass
@@ -231,6 +257,8 @@ def main(argv=None) -> int:
                 shallower(kernel, tokens, *candidate[1:])
             elif candidate[0] == "evolved":
                 evolved(kernel, tokens, *candidate[1:])
+            elif candidate[0] == "regrouped":
+                regrouped(kernel, tokens, *candidate[1:], target.gpu.l2_bytes or configs.DEFAULT_L2)
             else:
                 with_config(kernel, tokens, *candidate)
             config = kernel.config(tokens)

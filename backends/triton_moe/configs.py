@@ -137,7 +137,15 @@ MAX_STAGES_BLOCK_M_128 = 3
 # places between the runs (1753.3 against 1828.8 us in one, 1820.4 against 1755.3 in the other).
 # 128 wide on 4 stages lost (qwen3-30b-a3b 348.5 against 303.9): the H200 reading above.
 WIDE_PREFILL_GEMM2_BLOCK_N = 256
-WIDE_PREFILL_GEMM2_STAGES = 4
+WIDE_PREFILL_STAGES = 4
+# GEMM 1 there on 4 stages too, where a busy expert's rows span at most this many blocks: most of
+# its weight tiles then come from memory, whose latency the fourth stage covers; where more blocks
+# share each tile, L2 serves it to all but the first. On an H100 (--sweep deeper, two runs, GEMM 1
+# alone, 4 stages against 3): mixtral-8x7b at 512 tokens (2 blocks) 753.9 / 743.7 us against
+# 800.8 / 798.0, gpt-oss-120b at 4096 (2) 1786.0 / 1771.7 against 1888.1 / 1873.4, qwen3-30b-a3b
+# (3) 498.9 against 525.6, qwen3-235b-a22b (3) 1955.5 / 1954.9 against 1953.9 / 1962.8, and
+# mixtral-8x7b at 4096 (9 blocks) 3617.4 against 3583.6.
+DEEP_GEMM1_MAX_EXPERT_BLOCKS = 4
 W8A8_MAX_BLOCK_M = 64
 W8A8_DECODE_MIN_BLOCK_N = 64
 
@@ -323,6 +331,23 @@ def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, 
     return GemmConfig(block_n, block_k, 8 if tiles_n > 1 else 4, max(2, min(4, int(smem // stage(block_n)))))
 
 
+def needs_grouping(n: int, block_n: int, expert_blocks: int, sms: int) -> bool:
+    """Prefill: whether a GEMM's blocks must walk the N tiles in groups for a busy expert's weight
+    tiles to be read from memory once. Walking each block's N tiles in turn, one program per SM,
+    about sms / N-tiles blocks are in flight, consecutive ones, and blocks are sorted by expert:
+    where they hold all of a busy expert's blocks, they read each weight tile at about the same
+    time and L2 serves all but the first anyway, and a group only spreads the blocks' activation
+    rows over more of L2. On an H100 (benchmarks/triton_moe_stages.py --sweep regrouped; each GEMM
+    alone, without groups against groups of group_m): mixtral-8x7b's GEMM 1 at 4096 tokens (112
+    N tiles of 128, a busy expert's 9 blocks of 128 rows) needs them, 5427.6 us against 3569.9;
+    gpt-oss-120b's GEMM 2 (12 tiles of 256, 2 blocks) ran 874.4 against 938.5, qwen3-235b-a22b's
+    (16 tiles, 3 blocks) 988.2 against 1001.9; fp8's swap-AB GEMM 1 (16 tiles of 128) at 4096
+    tokens 714.3 against 751.4 on qwen3-30b-a3b and 921.5 against 958.1 on deepseek-v3's EP rank;
+    each other GEMM timed (bf16 at 512 and 4096 tokens, fp8 at 4096) ran at most 0.4% slower
+    without groups, or faster (up to 2.7%)."""
+    return sms / math.ceil(n / block_n) < expert_blocks
+
+
 def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
     """Prefill: how many blocks walk the N tiles together, so each weight tile is read from memory
     once for all of them while it sits in L2 (an expert's weights exceed L2 for the large layers:
@@ -336,7 +361,7 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv: Optional[bool] = None,
            swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED_MXFP4,
-           grouped_n: bool = True) -> LaunchConfig:
+           grouped_n: Optional[bool] = None) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights, "x2" for w8a8 with two e4m3 terms per activation (the rule keeps w8a16
     where the GEMV path is faster, see below), False for w8a16; None leaves it to the rule (w8a8x2
@@ -344,7 +369,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     the grouped GEMMs at decode, gemv=True takes the GEMV path for every format that has one where
     routes are few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4
     through dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill
-    too."""
+    everywhere, True groups the blocks wherever the rule may (None: where needs_grouping says)."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -357,6 +382,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                f"{busiest_expert_routes(per_expert):.0f} -> BLOCK_M {block_m}"]
     experts_hit = min(E, max(routes, 1.0))
     blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
+    expert_blocks = math.ceil(busiest_expert_routes(per_expert) / block_m)  # a busy expert's
     decode = block_m <= 32
     fp8 = spec.weight_format == "fp8_block128"
     # The interpreter (no GPU) runs fp8 dots in software.
@@ -408,14 +434,19 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                       a_bits, sms, smem, amd)
         gemm2 = _gemm(spec.hidden_size, 1, block_m, blocks, decode, spec.weight_format, fp8_act, a_bits, sms,
                       smem, amd)
-        if (spec.weight_format == "bf16" and block_m >= 128 and gpu is not None and gpu.features.wgmma
-                and _stages(block_m, WIDE_PREFILL_GEMM2_BLOCK_N, gemm2.block_k, 1, a_bits,
-                            _weight_bits("bf16"), smem, amd) >= WIDE_PREFILL_GEMM2_STAGES):
-            gemm2 = attrs.evolve(gemm2, block_n=WIDE_PREFILL_GEMM2_BLOCK_N,
-                                 num_stages=WIDE_PREFILL_GEMM2_STAGES)
-            reasons.append(f"bf16 GEMM 2 at BLOCK_M {block_m} (wgmma): {WIDE_PREFILL_GEMM2_BLOCK_N}-wide N "
-                           f"tiles on {WIDE_PREFILL_GEMM2_STAGES} stages, each x tile feeding twice the "
-                           "columns")
+        wide_prefill = (spec.weight_format == "bf16" and block_m >= 128 and gpu is not None
+                        and gpu.features.wgmma)
+        if wide_prefill and _stages(block_m, WIDE_PREFILL_GEMM2_BLOCK_N, gemm2.block_k, 1, a_bits,
+                                    _weight_bits("bf16"), smem, amd) >= WIDE_PREFILL_STAGES:
+            gemm2 = attrs.evolve(gemm2, block_n=WIDE_PREFILL_GEMM2_BLOCK_N, num_stages=WIDE_PREFILL_STAGES)
+            reasons.append(f"bf16 at BLOCK_M {block_m} (wgmma): GEMM 2 on {WIDE_PREFILL_GEMM2_BLOCK_N}-wide "
+                           f"N tiles and {WIDE_PREFILL_STAGES} stages, each x tile feeding twice the columns")
+        if (wide_prefill and expert_blocks <= DEEP_GEMM1_MAX_EXPERT_BLOCKS
+                and _stages(block_m, gemm1.block_n, gemm1.block_k, tiles_1, a_bits, _weight_bits("bf16"),
+                            smem, amd) >= WIDE_PREFILL_STAGES):
+            gemm1 = attrs.evolve(gemm1, num_stages=WIDE_PREFILL_STAGES)
+            reasons.append(f"GEMM 1 on {WIDE_PREFILL_STAGES} stages: a busy expert's {expert_blocks} blocks "
+                           "read most of its weight tiles from memory, not from L2")
         steps = math.ceil(spec.intermediate_size / gemm2.block_k)
         if decode and spec.weight_format == "bf16" and steps >= LONG_K_DECODE_STEPS and not route_blocks:
             gemm2 = attrs.evolve(gemm2, num_stages=min(gemm2.num_stages, LONG_K_DECODE_STAGES))
@@ -426,16 +457,26 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         gemm1, gemm2, why = _mxfp4_repacked_tiles(tiles_1, block_m, smem, amd, swap_ab)
         reasons.append(why)
     # Not for mxfp4, whose prefill is bound by the e2m1 decode in registers, not by weight reads
-    # (measured with dot_scaled):
-    # on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of 16 against 4803 without;
-    # with them mixtral-8x7b bf16 ran 5895 against 6525, deepseek-v3's fp8 EP rank 1628 against 1656.
+    # (measured with dot_scaled): on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of
+    # 16 against 4803 without. Elsewhere where needs_grouping says so.
     x2_prefill = fp8_act and act_terms == 2 and not decode  # its tiles as timed (W8A8X2_PREFILL_*)
-    if not decode and grouped_n and spec.weight_format != "mxfp4" and not x2_prefill:
+    if not decode and grouped_n is not False and spec.weight_format != "mxfp4" and not x2_prefill:
         l2 = (gpu.l2_bytes if gpu is not None else None) or DEFAULT_L2
-        gemm1 = attrs.evolve(gemm1, group_m=group_m(block_m, spec.hidden_size, a_bits, l2))
-        gemm2 = attrs.evolve(gemm2, group_m=group_m(block_m, spec.intermediate_size, a_bits, l2))
-        reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks walk the N tiles together: "
-                       f"each weight tile is read once for the group while it sits in {l2 >> 20} MiB of L2")
+
+        def grouping(n: int, block_n: int, k: int) -> int:
+            needed = grouped_n or needs_grouping(n, block_n, expert_blocks, sms)
+            return group_m(block_m, k, a_bits, l2) if needed else 1
+
+        gemm1 = attrs.evolve(gemm1, group_m=grouping(spec.intermediate_size, gemm1.block_n, spec.hidden_size))
+        gemm2 = attrs.evolve(gemm2, group_m=grouping(spec.hidden_size, gemm2.block_n, spec.intermediate_size))
+        if max(gemm1.group_m, gemm2.group_m) > 1:
+            reasons.append(f"groups of {gemm1.group_m}/{gemm2.group_m} blocks (GEMM 1/2) walk the N tiles "
+                           "together where the blocks in flight, one per SM, hold fewer than a busy "
+                           f"expert's {expert_blocks}: each weight tile is read once per group while it "
+                           f"sits in {l2 >> 20} MiB of L2")
+        else:
+            reasons.append(f"each block walks its N tiles in turn: the blocks in flight, one per SM, hold a "
+                           f"busy expert's {expert_blocks}, which read each weight tile while it sits in L2")
     if (fp8 and not fp8_act and swap_ab is None and block_m >= W8A16_SWAP_MIN_BLOCK_M and gpu is not None
             and gpu.features.wgmma):
         gemm1 = attrs.evolve(gemm1, swap_ab=True, block_k=128, group_m=min(gemm1.group_m, W8A16_SWAP_GROUP_M),

@@ -124,7 +124,8 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Union[bool, str, None] = None,
                  dot_f32: Optional[bool] = None, mxfp4_path: Optional[str] = None,
-                 gemv: Optional[bool] = None, swap_ab: Optional[bool] = None, grouped_n: bool = True):
+                 gemv: Optional[bool] = None, swap_ab: Optional[bool] = None,
+                 grouped_n: Optional[bool] = None):
         """fp8_act=True runs fp8 weights as w8a8, "x2" as w8a8 with each activation held as two e4m3
         terms, False as w8a16; None leaves it to the rule (see configs: w8a8x2 or w8a16, both within
         the contract). dot_f32 feeds the
@@ -137,8 +138,8 @@ class TritonMoEKernel(MoEKernel):
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too (not for
         repacked mxfp4, which has none). swap_ab=True puts dequantized weights first in the dot
         (the rule does for repacked mxfp4, not elsewhere: measured slower on the H200), False
-        never. grouped_n=False walks each block's N tiles in turn at prefill too (the
-        rule groups blocks)."""
+        never. grouped_n=False walks each block's N tiles in turn at prefill everywhere, True
+        groups the blocks wherever the rule may (None: the rule's choice per GEMM)."""
         super().__init__(spec, target)
         if fp8_act is not None and fp8_act not in configs.FP8_ACT_VALUES:
             raise ValueError(f"fp8_act={fp8_act!r} is not allowed: expected None, False, True or 'x2'")

@@ -177,15 +177,20 @@ def test_w8a8_asked_for_keeps_the_gemv_for_few_routes():
 
 
 @pytest.mark.parametrize("profile", ("h100", "h200", "b200", "rtx5090", "mi300x"))
-def test_bf16_prefill_gemm2_is_256_wide_on_wgmma_gpus(profile):
-    """bf16 at 128-row blocks: GEMM 2 on 256-wide tiles and 4 stages where wgmma runs them (sm_90),
-    the 128-wide tiles elsewhere; 64-row blocks and other formats keep them everywhere."""
+def test_bf16_prefill_tiles_on_wgmma_gpus(profile):
+    """bf16 at 128-row blocks: GEMM 2 on 256-wide tiles and 4 stages, GEMM 1 on 4 stages where few
+    blocks share an expert, where wgmma runs them (sm_90); the 128-wide tiles elsewhere; 64-row
+    blocks and other formats keep them everywhere."""
     gpu = hal.probe(profile=profile).gpus[0]
     mixtral = presets.get("mixtral-8x7b")
     prefill = configs.choose(mixtral.spec("bf16"), gpu, 4096)
     if gpu.features.wgmma:
         assert prefill.block_m == 128
         assert (prefill.gemm2.block_n, prefill.gemm2.num_stages) == (configs.WIDE_PREFILL_GEMM2_BLOCK_N, 4)
+        # GEMM 1's fourth stage where a busy expert's rows span few blocks (2 of 128 rows at 512
+        # tokens), not where L2 serves most of its weight tiles (9 at 4096).
+        assert configs.choose(mixtral.spec("bf16"), gpu, 512).gemm1.num_stages == 4
+        assert prefill.gemm1.num_stages == 3
         assert any("256-wide" in reason for reason in prefill.reasons)
     else:
         assert prefill.gemm2.block_n <= 128

@@ -151,10 +151,11 @@ def test_int4_per_channel(oracle, weights_for):
 @pytest.mark.parametrize("fmt,H,I", [("fp8_block128", 200, 136), ("int4_g128", 256, 128)])
 def test_prefill_tiles(fmt, H, I, oracle, weights_for):
     """64 routes per expert: BLOCK_M 64, the prefill tile shapes and blocks walking the N tiles in
-    groups (int4 reads its quantization group size in every K step beside the grouping)."""
+    groups, asked for (int4 reads its quantization group size in every K step beside the grouping)."""
     spec = small_spec(fmt, bias=True, experts=4, top_k=2, H=H, I=I)
-    assert TritonMoEKernel(spec, CPU).plan(130).config.gemm1.group_m > 1
-    run_layer(spec, 130, oracle, weights_for)
+    kernel = TritonMoEKernel(spec, CPU, grouped_n=True)  # the rule groups only wider layers
+    assert kernel.plan(130).config.gemm1.group_m > 1
+    run_layer(spec, 130, oracle, weights_for, kernel=kernel)
 
 
 @pytest.mark.parametrize("M", [5, 130])  # decode and prefill tiles

@@ -83,6 +83,16 @@ def test_token_counts(fmt, M, oracle, weights_for):
     run_case(make_spec(fmt, bias=True), M, oracle, weights_for, seed=M)
 
 
+@pytest.mark.parametrize("fmt", ("bf16", "fp8_block128", "int4_g128"))
+def test_prefill_groups(fmt, oracle, weights_for):
+    """Blocks walking the N tiles in groups, asked for: the rule takes them only on layers whose
+    N tiles outnumber the SMs' programs (configs.needs_grouping), wider than these."""
+    spec = make_spec(fmt, bias=True)
+    kernel = TritonMoEKernel(spec, cuda_target(), grouped_n=True)
+    assert kernel.plan(700).config.gemm1.group_m > 1
+    run_case(spec, 700, oracle, weights_for, kernel=kernel, seed=7)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("M", [3, 300])
 def test_fp8_w8a8(activation, M, oracle_w8a8, weights_for):
