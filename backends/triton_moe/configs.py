@@ -382,7 +382,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                f"{busiest_expert_routes(per_expert):.0f} -> BLOCK_M {block_m}"]
     experts_hit = min(E, max(routes, 1.0))
     blocks = experts_hit * math.ceil(max(per_expert, 1.0) / block_m)
-    expert_blocks = math.ceil(busiest_expert_routes(per_expert) / block_m)  # a busy expert's
+    expert_blocks = math.ceil(busiest_expert_routes(per_expert) / block_m)  # a busy expert's routes
     decode = block_m <= 32
     fp8 = spec.weight_format == "fp8_block128"
     # The interpreter (no GPU) runs fp8 dots in software.

@@ -198,6 +198,25 @@ def test_bf16_prefill_tiles_on_wgmma_gpus(profile):
     assert configs.choose(presets.get("qwen3-30b-a3b").spec("fp8_block128"), gpu, 4096).gemm2.block_n <= 128
 
 
+def test_prefill_groups_only_where_the_blocks_in_flight_miss_an_expert():
+    """mixtral-8x7b's GEMM 1 at 4096 tokens has 112 N tiles of 128 for a busy expert's 9 blocks of
+    128 rows: about one block in flight, so groups; gpt-oss-120b's GEMMs (23 and 12 N tiles, 2
+    blocks) hold a busy expert's blocks in flight without them. grouped_n decides where given."""
+    h100 = hal.probe(profile="h100").gpus[0]
+    mixtral_spec = presets.get("mixtral-8x7b").spec("bf16")
+    mixtral = configs.choose(mixtral_spec, h100, 4096)
+    assert mixtral.gemm1.group_m > 1
+    assert any("groups of" in reason for reason in mixtral.reasons)
+    gpt_oss = presets.get("gpt-oss-120b").spec("bf16")
+    rule = configs.choose(gpt_oss, h100, 4096)
+    assert rule.gemm1.group_m == rule.gemm2.group_m == 1
+    assert any("walks its N tiles in turn" in reason for reason in rule.reasons)
+    asked = configs.choose(gpt_oss, h100, 4096, grouped_n=True)
+    assert asked.gemm1.group_m > 1 and asked.gemm2.group_m > 1
+    assert configs.choose(mixtral_spec, h100, 4096, grouped_n=False).gemm1.group_m == 1
+    assert configs.needs_grouping(14336, 128, 9, 132) and not configs.needs_grouping(2880, 256, 2, 132)
+
+
 def test_decode_tiles_shrink_to_fill_the_sms():
     gpu = hal.probe(profile="h200").gpus[0]
     c = configs.choose(spec(), gpu, 1)

@@ -85,8 +85,8 @@ def test_token_counts(fmt, M, oracle, weights_for):
 
 @pytest.mark.parametrize("fmt", ("bf16", "fp8_block128", "int4_g128"))
 def test_prefill_groups(fmt, oracle, weights_for):
-    """Blocks walking the N tiles in groups, asked for: the rule takes them only on layers whose
-    N tiles outnumber the SMs' programs (configs.needs_grouping), wider than these."""
+    """Blocks walking the N tiles in groups, asked for: the rule takes them only where the blocks in
+    flight hold fewer than a busy expert's (configs.needs_grouping), on layers wider than these."""
     spec = make_spec(fmt, bias=True)
     kernel = TritonMoEKernel(spec, cuda_target(), grouped_n=True)
     assert kernel.plan(700).config.gemm1.group_m > 1
