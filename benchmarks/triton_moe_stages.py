@@ -118,7 +118,8 @@ WIDER_DEEPER = (
     (dict(num_stages=3), dict(block_n=128, num_stages=3)),
 )
 # Each GEMM's N grouping the other way from the rule's (groups of configs.group_m where it walks
-# each block's N tiles in turn, and back), (GEMM 1, GEMM 2).
+# each block's N tiles in turn, and back), (GEMM 1, GEMM 2); at decode too, where the rule never
+# groups and vLLM 0.33.0's tuned H100 table for gpt-oss-120b does (GROUP_SIZE_M 64 at 8 tokens).
 REGROUPED = ((True, False), (False, True), (True, True))
 # --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
 # (WIDER_DEEPER), REGROUPED, SHALLOWER, and grouping routes by expert where the rule runs a block per
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
                 candidates += list(PREFILL_CANDIDATES if rule.block_m >= 64 else DECODE_CANDIDATES)
         if "deeper" in sweep and rule.block_m >= 128 and spec.weight_format == "bf16" and not rule.fp8_act:
             candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
-        if "regrouped" in sweep and rule.gemv1 is None and rule.block_m >= 64:
+        if "regrouped" in sweep and rule.gemv1 is None:
             candidates += [("regrouped", *which) for which in REGROUPED]
         if "shallower" in sweep and rule.gemv1 is None:
             candidates += [("shallower", *by) for by in SHALLOWER]
