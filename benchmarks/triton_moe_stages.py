@@ -195,7 +195,8 @@ def evolved(kernel, tokens: int, gemm1_changes: dict, gemm2_changes: dict):
 
 def regrouped(kernel, tokens: int, gemm1: bool, gemm2: bool, l2_bytes: int):
     """The rule's config for `tokens` with the N grouping of the GEMMs marked True the other way
-    round: groups of configs.group_m where the rule has none, none where it has some."""
+    round: groups of configs.group_m where the rule has none (its size before any cap the rule
+    puts on it, such as configs.W8A16_SWAP_GROUP_M), none where it has some."""
     def flipped(config, gemm, k):
         group = configs.group_m(config.block_m, k, 8 if config.fp8_act else 16, l2_bytes)
         return attrs.evolve(gemm, group_m=1 if gemm.group_m > 1 else group)

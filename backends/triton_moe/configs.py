@@ -342,7 +342,8 @@ def needs_grouping(n: int, block_n: int, expert_blocks: int, sms: int) -> bool:
     N tiles of 128, a busy expert's 9 blocks of 128 rows) needs them, 5427.6 us against 3569.9;
     gpt-oss-120b's GEMM 2 (12 tiles of 256, 2 blocks) ran 874.4 against 938.5, qwen3-235b-a22b's
     (16 tiles, 3 blocks) 988.2 against 1001.9; fp8's swap-AB GEMM 1 (16 tiles of 128) at 4096
-    tokens 714.3 against 751.4 on qwen3-30b-a3b and 921.5 against 958.1 on deepseek-v3's EP rank;
+    tokens 714.3 against 751.4 on qwen3-30b-a3b (groups of 16, above the W8A16_SWAP_GROUP_M the
+    rule takes there) and 921.5 against 958.1 on deepseek-v3's EP rank (groups of 4);
     each other GEMM timed (bf16 at 512 and 4096 tokens, fp8 at 4096) ran at most 0.4% slower
     without groups, or faster (up to 2.7%)."""
     return sms / math.ceil(n / block_n) < expert_blocks
