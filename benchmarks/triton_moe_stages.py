@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional
 
 import attrs
 import torch
@@ -121,6 +122,9 @@ WIDER_DEEPER = (
 # each block's N tiles in turn, and back), (GEMM 1, GEMM 2); at decode too, where the rule never
 # groups and vLLM 0.33.0's tuned H100 table for gpt-oss-120b does (GROUP_SIZE_M 64 at 8 tokens).
 REGROUPED = ((True, False), (False, True), (True, True))
+# At decode also both GEMMs in groups of this many blocks, vLLM's GROUP_SIZE_M there (at 8 tokens,
+# more than the blocks a call has: the blocks walk each N tile in turn).
+DECODE_GROUP_M = 64
 # --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
 # (WIDER_DEEPER), REGROUPED, SHALLOWER, and grouping routes by expert where the rule runs a block per
 # route.
@@ -193,12 +197,12 @@ def evolved(kernel, tokens: int, gemm1_changes: dict, gemm2_changes: dict):
                                                gemm2=attrs.evolve(config.gemm2, **gemm2_changes)))
 
 
-def regrouped(kernel, tokens: int, gemm1: bool, gemm2: bool, l2_bytes: int):
+def regrouped(kernel, tokens: int, gemm1: bool, gemm2: bool, l2_bytes: int, size: Optional[int] = None):
     """The rule's config for `tokens` with the N grouping of the GEMMs marked True the other way
-    round: groups of configs.group_m where the rule has none (its size before any cap the rule
-    puts on it, such as configs.W8A16_SWAP_GROUP_M), none where it has some."""
+    round: groups of `size`, or of configs.group_m (its size before any cap the rule puts on it,
+    such as configs.W8A16_SWAP_GROUP_M), where the rule has none, none where it has some."""
     def flipped(config, gemm, k):
-        group = configs.group_m(config.block_m, k, 8 if config.fp8_act else 16, l2_bytes)
+        group = size or configs.group_m(config.block_m, k, 8 if config.fp8_act else 16, l2_bytes)
         return attrs.evolve(gemm, group_m=1 if gemm.group_m > 1 else group)
 
     _swept(kernel, tokens, lambda config: dict(
@@ -246,6 +250,8 @@ def main(argv=None) -> int:
             candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
         if "regrouped" in sweep and rule.gemv1 is None:
             candidates += [("regrouped", *which) for which in REGROUPED]
+            if rule.block_m < 64:
+                candidates.append(("regrouped", True, True, DECODE_GROUP_M))
         if "shallower" in sweep and rule.gemv1 is None:
             candidates += [("shallower", *by) for by in SHALLOWER]
         if "grouped" in sweep and rule.per_route:
@@ -260,7 +266,8 @@ def main(argv=None) -> int:
             elif candidate[0] == "evolved":
                 evolved(kernel, tokens, *candidate[1:])
             elif candidate[0] == "regrouped":
-                regrouped(kernel, tokens, *candidate[1:], target.gpu.l2_bytes or configs.DEFAULT_L2)
+                regrouped(kernel, tokens, *candidate[1:3], target.gpu.l2_bytes or configs.DEFAULT_L2,
+                          *candidate[3:])
             else:
                 with_config(kernel, tokens, *candidate)
             config = kernel.config(tokens)
