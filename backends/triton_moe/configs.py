@@ -13,9 +13,9 @@ no Triton), so it is tested on recorded profiles anywhere.
   H200 (qwen3-30b-a3b bf16, 4096 tokens) 128 x 128 tiles with 3 stages beat 128 x 64 with 4 by 8%.
 - Stages: as many as fit the opt-in shared memory, 2 to 4 (2 on AMD, whose pipeliner streams
   through registers).
-- Repacked mxfp4 (its default path, mxfp4_repacked): no GEMV; swap-AB at every size (the decoded
-  weights as wgmma's register operand), 64 weight rows per tile at BLOCK_M 16 and 128 from 32; GEMM
-  1's tile holds gate and up rows together.
+- Repacked mxfp4 and int4 (their default paths, mxfp4_repacked and int4_repacked): no GEMV;
+  swap-AB at every size (the decoded weights as wgmma's register operand), 64 weight rows per tile
+  at BLOCK_M 16 and 128 from 32; GEMM 1's tile holds gate and up rows together.
 - fp8 weights are converted to the activation dtype in registers (w8a16) by default: quantizing
   activations to e4m3 (per row, per 128 columns) costs about 4% relative error against the float64
   oracle on random data, over the 1e-2 of the MoE contract. w8a8 (fp8 x fp8 dots, the numerics
@@ -120,8 +120,8 @@ W8A8X2_MAX_BLOCK_M = 64
 # against 284.0, qwen3-235b-a22b 953.7 against 963.5; at 4096 tokens 1.9%).
 W8A8X2_PREFILL_GEMM1 = dict(block_n=128, block_k=128, num_warps=8, num_stages=3, swap_ab=True)
 W8A8X2_PREFILL_GEMM2 = dict(block_n=128, block_k=128, num_warps=4, num_stages=4, swap_ab=False)
-# The mxfp4 path on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
-REPACKED_MXFP4 = "repacked"
+# The mxfp4 and int4 paths on weights repacked by prepare_weights (the GEMMs at every size, no GEMV).
+REPACKED = "repacked"
 FP8_MMA_CAPABILITY = (8, 9)  # Ada and Hopper have e4m3 tensor cores; Ampere does not
 # 128-row tiles hold 128 x 128 fp32 accumulators (two when gate and up are fused): a fourth stage
 # measured slower on the H200 (qwen3-30b-a3b bf16, 4096 tokens, both GEMMs on 128-wide tiles).
@@ -280,12 +280,14 @@ def _gemm(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, fmt: 
     return GemmConfig(block_n, block_k, warps, stages)
 
 
-def _mxfp4_repacked_tiles(tiles_1: int, block_m: int, smem: int, amd: bool, swap_ab: Optional[bool]) -> tuple:
-    """Repacked mxfp4 (gate and up rows in one GEMM 1 tile): swap-AB, the decoded weights as the dot's
-    register operand (wgmma's M, no round trip through shared memory), with 64 weight rows per tile (one
-    wgmma M) at BLOCK_M 16 (MXFP4_DECODE_STAGES deep), 1 token included, and 128 from BLOCK_M 32 (three
-    stages). Two stages on AMD. Chosen by timing each config alone on gpt-oss-120b on the H200 and the
-    H100; the figures are in docs/backends/triton_moe.md."""
+def _repacked_tiles(fmt: str, tiles_1: int, block_m: int, smem: int, amd: bool,
+                    swap_ab: Optional[bool]) -> tuple:
+    """Repacked mxfp4 or int4 (gate and up rows in one GEMM 1 tile): swap-AB, the decoded weights as
+    the dot's register operand (wgmma's M, no round trip through shared memory), with 64 weight rows
+    per tile (one wgmma M) at BLOCK_M 16 (MXFP4_DECODE_STAGES deep), 1 token included, and 128 from
+    BLOCK_M 32 (three stages). Two stages on AMD. Chosen by timing each config alone on gpt-oss-120b
+    mxfp4 on the H200 and the H100 (the figures are in docs/backends/triton_moe.md); int4 has the
+    same bytes per weight and per step."""
     rows = 64 if block_m <= 16 else 128
     warps = 8 if block_m >= 128 else 4
 
@@ -297,7 +299,7 @@ def _mxfp4_repacked_tiles(tiles_1: int, block_m: int, smem: int, amd: bool, swap
 
     gemm1, gemm2 = tile(tiles_1), tile(1)
     order = "swap-AB, the decoded weights as wgmma's register operand" if gemm1.swap_ab else "weights second"
-    return gemm1, gemm2, f"mxfp4: {order}, {rows} weight rows per tile (gate and up rows together)"
+    return gemm1, gemm2, f"repacked {fmt}: {order}, {rows} weight rows per tile (gate and up rows together)"
 
 
 def _gemm_w8a8(n: int, tiles_n: int, block_m: int, blocks: float, decode: bool, sms: int,
@@ -361,7 +363,7 @@ def group_m(block_m: int, k: int, a_bits: int, l2_bytes: int) -> int:
 
 
 def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv: Optional[bool] = None,
-           swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED_MXFP4,
+           swap_ab: Optional[bool] = None, mxfp4_path: str = REPACKED, int4_path: str = REPACKED,
            grouped_n: Optional[bool] = None) -> LaunchConfig:
     """The launch config for `tokens` tokens (rounded up to their bucket). fp8_act=True asks for
     w8a8 on fp8 weights, "x2" for w8a8 with two e4m3 terms per activation (the rule keeps w8a16
@@ -369,8 +371,10 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     on GPUs with wgmma at blocks of at most W8A8X2_MAX_BLOCK_M rows, else w8a16); gemv=False keeps
     the grouped GEMMs at decode, gemv=True takes the GEMV path for every format that has one where
     routes are few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4
-    through dot_scaled) either way; grouped_n=False walks each block's N tiles in turn at prefill
-    everywhere, True groups the blocks wherever the rule may (None: where needs_grouping says)."""
+    through dot_scaled) either way; mxfp4_path and int4_path name the weights' layout (REPACKED or
+    the checkpoint's paths, kernel.MXFP4_PATHS / INT4_PATHS); grouped_n=False walks each block's N
+    tiles in turn at prefill everywhere, True groups the blocks wherever the rule may (None: where
+    needs_grouping says)."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -453,9 +457,10 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
             gemm2 = attrs.evolve(gemm2, num_stages=min(gemm2.num_stages, LONG_K_DECODE_STAGES))
             reasons.append(f"GEMM 2's {steps} K steps at decode: {gemm2.num_stages} stages, so more of its "
                            "programs share an SM")
-    repacked = spec.weight_format == "mxfp4" and mxfp4_path == REPACKED_MXFP4
+    repacked = ((spec.weight_format == "mxfp4" and mxfp4_path == REPACKED)
+                or (spec.weight_format == "int4_g128" and int4_path == REPACKED))
     if repacked:
-        gemm1, gemm2, why = _mxfp4_repacked_tiles(tiles_1, block_m, smem, amd, swap_ab)
+        gemm1, gemm2, why = _repacked_tiles(spec.weight_format, tiles_1, block_m, smem, amd, swap_ab)
         reasons.append(why)
     # Not for mxfp4, whose prefill is bound by the e2m1 decode in registers, not by weight reads
     # (measured with dot_scaled): on the H200 gpt-oss-120b at 4096 tokens ran 5008 us with groups of

@@ -3,19 +3,19 @@
 GEMM 1 gathers token rows of x, multiplies by the expert's gate and up tiles in the same program
 and applies the activation in registers, so only the [rows, I] activation reaches memory. GEMM 2
 reads those rows in sorted order, adds b2, multiplies by the route's top-k weight and writes one
-row per route for the top-k sum. Weights are dequantized in registers from their checkpoint
-format: fp8 block scales and int4 group scales multiply the weight tile of each K step (w8a8
-multiplies the fp32 partial product by both scales instead). mxfp4 is read from the layout
-prepare_weights repacked it into (mxfp4_repacked: exact integer decode, one dot per K step, gate
-and up rows in one tile), or from the checkpoint layout through Triton's dot_scaled or fp32 bit
-patterns with the e8m0 exponent added."""
+row per route for the top-k sum. Weights are dequantized in registers. fp8 block scales multiply
+the weight tile of each K step (w8a8 multiplies the fp32 partial product by both scales instead).
+mxfp4 and int4 are read from the layout prepare_weights repacked them into (repacked_step: a
+decode of few integer operations, one dot per K step, gate and up rows in one tile), or from the
+checkpoint's: int4's group scales multiply each K step's tile, mxfp4 goes through Triton's
+dot_scaled or fp32 bit patterns with the e8m0 exponent added."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from backends.triton_moe import mxfp4_repacked
+from backends.triton_moe import repacked_step
 from backends.triton_moe.quant import quantize_remainder, quantize_rows
 from backends.triton_moe.routing import local_expert
 
@@ -242,7 +242,7 @@ def moe_gemm_kernel(
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, A_TERMS: tl.constexpr, A_QUANTIZED: tl.constexpr,
     OUT_FP8: tl.constexpr, DOT_F32: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
-    MXFP4_REPACKED: tl.constexpr, SCALE_HIGH: tl.constexpr, MXFP4_PAIR_FMA: tl.constexpr,
+    REPACKED: tl.constexpr, SCALE_HIGH: tl.constexpr, PAIR_FMA: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -304,10 +304,9 @@ def moe_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    REPACKED: tl.constexpr = FORMAT == 2 and MXFP4_REPACKED
     if REPACKED:
-        tl.static_assert(BLOCK_K == 128, "the repacked mxfp4 words hold 128-wide K steps")
-    # Repacked mxfp4 keeps gate row n next to up row n (prepare_weights interleaves them): GEMM 1
+        tl.static_assert(BLOCK_K == 128, "the repacked words hold 128-wide K steps")
+    # Repacked weights keep gate row n next to up row n (prepare_weights interleaves them): GEMM 1
     # takes both in one dot over 2 x BLOCK_N rows and splits the columns after the loop.
     PAIRED: tl.constexpr = REPACKED and GATED
     if PAIRED:
@@ -323,13 +322,13 @@ def moe_gemm_kernel(
     tl.assume(K > 0)
     for k0 in range(0, K, BLOCK_K):
         if PAIRED:
-            acc_pair = mxfp4_repacked.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,
-                                               pair_ok, k0, K, N_TOTAL, stride_we, stride_se, SCALE_HIGH,
-                                               DOT_F32, SWAP_AB, MXFP4_PAIR_FMA)
+            acc_pair = repacked_step.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,
+                                              pair_ok, k0, K, N_TOTAL, stride_we, stride_se, FORMAT == 3,
+                                              SCALE_HIGH, DOT_F32, SWAP_AB, PAIR_FMA)
         elif REPACKED:
-            acc = mxfp4_repacked.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0,
-                                          K, N_TOTAL, stride_we, stride_se, SCALE_HIGH, DOT_F32, SWAP_AB,
-                                          MXFP4_PAIR_FMA)
+            acc = repacked_step.dot_step(acc, a_ptr, a_rows, live, w_ptr, s_ptr, expert, gate_rows, n_ok, k0,
+                                         K, N_TOTAL, stride_we, stride_se, FORMAT == 3, SCALE_HIGH, DOT_F32,
+                                         SWAP_AB, PAIR_FMA)
         else:
             acc, acc_up = _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
                                   gate_rows, up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols,

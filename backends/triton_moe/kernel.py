@@ -1,14 +1,13 @@
-"""The Triton MoE kernel object: keeps the checkpoint weights as they are (int4 gate/up columns
-de-interleaved for swiglu_oai) but for mxfp4, which it repacks once for the tensor cores
-(mxfp4_repacked, gate and up rows interleaved), picks the launch config per token bucket, and runs a
-layer as four
-launches: align routes, GEMM 1 + activation, GEMM 2 x top-k weight, top-k sum (five past
-ALIGN_ONE_PROGRAM_ROUTES routes, where grouping the routes takes two), or, at decode where
-experts rarely share a route, two: GEMV 1 + activation, GEMV 2 + top-k sum. w8a8 quantizes the
-input to e4m3 per row and 128 columns in the grouping's first launch (quantized_grouping; a launch
-of its own where each block is one route). Scratch sizes depend
-on the token count and top_k only, and nothing reads device values on the host, so a call can be
-captured in a CUDA graph."""
+"""The Triton MoE kernel object: keeps the checkpoint weights as they are but for mxfp4 and int4,
+which it repacks once for the tensor cores (mxfp4_repacked, int4_repacked: gate and up rows
+interleaved; on int4's checkpoint path its gate/up columns are de-interleaved for swiglu_oai),
+picks the launch config per token bucket, and runs a layer as four launches: align routes, GEMM 1
++ activation, GEMM 2 x top-k weight, top-k sum (five past ALIGN_ONE_PROGRAM_ROUTES routes, where
+grouping the routes takes two), or, at decode where experts rarely share a route, two: GEMV 1 +
+activation, GEMV 2 + top-k sum. w8a8 quantizes the input to e4m3 per row and 128 columns in the
+grouping's first launch (quantized_grouping; a launch of its own where each block is one route).
+Scratch sizes depend on the token count and top_k only, and nothing reads device values on the
+host, so a call can be captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import attrs
 import torch
 import triton
 
-from backends.triton_moe import configs, mxfp4_repacked
+from backends.triton_moe import configs, int4_repacked, mxfp4_repacked
 from backends.triton_moe.gemm import moe_gemm_kernel
 from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
@@ -39,8 +38,8 @@ from hal.kernel import MoEKernel
 NAME = "triton_moe"
 LAUNCHES = 4  # with grouped routes; grouping many routes takes two launches
 GEMV_LAUNCHES = 2
-MXFP4_PATHS = (configs.REPACKED_MXFP4, "dot_scaled", "bits")
-DEFAULT_MXFP4_PATH = configs.REPACKED_MXFP4
+MXFP4_PATHS = (configs.REPACKED, "dot_scaled", "bits")
+INT4_PATHS = (configs.REPACKED, "checkpoint")
 SUM_BLOCK_H = 1024
 ALIGN_WARPS = 8
 ALIGN_CHUNK = 1024  # routes per step of the align kernel's loops
@@ -57,6 +56,7 @@ WEIGHT_PATHS = {
     "mxfp4": "e2m1 + e8m0 dequantized in registers to the activation dtype (w4a16)",
     "int4_g128": "uint4b8 dequantized in registers, group scales applied per K step (w4a16)",
 }
+REPACKED_PATH = "repacked by prepare_weights: decoded with integer operations and packed 16-bit FMAs"
 
 
 @attrs.frozen
@@ -70,7 +70,7 @@ class TritonMoEWeights:
     expert_map: Optional[torch.Tensor]  # int32 [num_experts]
     gate_stride: int  # w13 row of gate column n is n * gate_stride; up is that + up_offset
     up_offset: int
-    mxfp4_repacked: bool = False  # mxfp4 in mxfp4_repacked's layout (else the checkpoint's)
+    repacked: bool = False  # mxfp4 or int4 in repacked_words' layout (else the checkpoint's)
     scale_high: bool = False  # repacked mxfp4 with an e8m0 above 128: scaled in two multiplies
 
 
@@ -111,6 +111,11 @@ def _interleave_rows(t: Optional[torch.Tensor], half: int) -> Optional[torch.Ten
     return torch.stack((t[:, :half], t[:, half:]), dim=2).flatten(1, 2).contiguous()
 
 
+def _interleave_columns(t: torch.Tensor, half: int) -> torch.Tensor:
+    """[..., 2 * half] columns gate 0..half-1 then up -> gate 0, up 0, gate 1, up 1, ..."""
+    return torch.stack((t[..., :half], t[..., half:]), dim=-1).flatten(-2).contiguous()
+
+
 def _deinterleave_columns(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     """int4 keeps output features in its last dim: gate (even) columns first, then up (odd)."""
     if t is None:
@@ -124,8 +129,8 @@ class TritonMoEKernel(MoEKernel):
 
     def __init__(self, spec, target, *, fp8_act: Union[bool, str, None] = None,
                  dot_f32: Optional[bool] = None, mxfp4_path: Optional[str] = None,
-                 gemv: Optional[bool] = None, swap_ab: Optional[bool] = None,
-                 grouped_n: Optional[bool] = None):
+                 int4_path: Optional[str] = None, gemv: Optional[bool] = None,
+                 swap_ab: Optional[bool] = None, grouped_n: Optional[bool] = None):
         """fp8_act=True runs fp8 weights as w8a8, "x2" as w8a8 with each activation held as two e4m3
         terms, False as w8a16; None leaves it to the rule (see configs: w8a8x2 or w8a16, both within
         the contract). dot_f32 feeds the
@@ -133,7 +138,9 @@ class TritonMoEKernel(MoEKernel):
         there and off on a GPU. mxfp4_path: "repacked" (the default: weights repacked by
         prepare_weights, decoded exactly with integer operations, plain dots, the GEMMs at every
         size), or on the checkpoint layout "dot_scaled" (Triton's microscaled dot, and the GEMV at
-        1 token) or "bits" (values built from bit patterns and two plain dots).
+        1 token) or "bits" (values built from bit patterns and two plain dots). int4_path:
+        "repacked" (the default, likewise) or "checkpoint" (GPTQ's layout, group scales applied to
+        each K step's tile in fp32).
         gemv=False runs decode through the grouped GEMMs (the rule's alternative, timed beside it
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too (not for
         repacked mxfp4, which has none). swap_ab=True puts dequantized weights first in the dot
@@ -148,14 +155,18 @@ class TritonMoEKernel(MoEKernel):
         if mxfp4_path not in (None, *MXFP4_PATHS):
             raise ValueError(f"mxfp4_path={mxfp4_path!r} is not allowed: expected one of "
                              + ", ".join(MXFP4_PATHS))
-        self.mxfp4_path = mxfp4_path or DEFAULT_MXFP4_PATH
+        self.mxfp4_path = mxfp4_path or configs.REPACKED
+        if int4_path not in (None, *INT4_PATHS):
+            raise ValueError(f"int4_path={int4_path!r} is not allowed: expected one of "
+                             + ", ".join(INT4_PATHS))
+        self.int4_path = int4_path or configs.REPACKED
         self.gemv = gemv
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
         if fp8_act is not None:
             self.variant = {False: "w8a16", True: "w8a8", "x2": "w8a8x2"}[fp8_act]
-        elif mxfp4_path is not None:
-            self.variant = mxfp4_path
+        elif mxfp4_path is not None or int4_path is not None:
+            self.variant = mxfp4_path or int4_path
         self._gpu = None
         self._configs: dict = {}
 
@@ -169,6 +180,9 @@ class TritonMoEKernel(MoEKernel):
         if self.spec.weight_format == "mxfp4" and not self.dot_f32:
             other = "bits" if self.mxfp4_path == "dot_scaled" else "dot_scaled"
             return {other: TritonMoEKernel(self.spec, self.target, mxfp4_path=other)}
+        if self.spec.weight_format == "int4_g128":
+            other = "checkpoint" if self.int4_path == configs.REPACKED else configs.REPACKED
+            return {other: TritonMoEKernel(self.spec, self.target, int4_path=other)}
         return {}
 
     # --- config --------------------------------------------------------------------------------
@@ -179,7 +193,8 @@ class TritonMoEKernel(MoEKernel):
             if self._gpu is None:
                 self._gpu = _gpu_caps(self.target, self.device)
             chosen = configs.choose(self.spec, self._gpu, bucket, self.fp8_act, self.gemv, self.swap_ab,
-                                    self.mxfp4_path, self.grouped_n)
+                                    mxfp4_path=self.mxfp4_path, int4_path=self.int4_path,
+                                    grouped_n=self.grouped_n)
             self._configs[bucket] = chosen
         return chosen
 
@@ -187,7 +202,7 @@ class TritonMoEKernel(MoEKernel):
         tokens = topk_ids if isinstance(topk_ids, int) else int(topk_ids.shape[0])
         config = self.config(tokens)
         _, blocks = configs.max_rows(tokens, self.spec, config.block_m)
-        path = WEIGHT_PATHS[self.spec.weight_format]
+        path = WEIGHT_PATHS[self.spec.weight_format] + (f"; {REPACKED_PATH}" if self._repacked() else "")
         if config.gemv1 is not None:
             path += "; GEMV: weights converted to fp32 in registers, one fused multiply-add each"
             return TritonMoEPlan(tokens, config, 0, GEMV_LAUNCHES, path)
@@ -207,8 +222,9 @@ class TritonMoEKernel(MoEKernel):
         expert_map = None if weights.expert_map is None else weights.expert_map.contiguous()
         w13, s13, b13 = weights.w13, weights.w13_scale, weights.b13
         gate_stride, up_offset = 1, spec.intermediate_size
+        repacked = self._repacked()
         if spec.activation == "swiglu_oai":
-            if spec.weight_format == "int4_g128":
+            if spec.weight_format == "int4_g128" and not repacked:
                 w13 = _deinterleave_columns(w13, spec.w13_rows)
                 s13 = _deinterleave_columns(s13, spec.w13_rows)
                 b13 = _deinterleave_columns(b13, spec.w13_rows)
@@ -217,25 +233,33 @@ class TritonMoEKernel(MoEKernel):
         bias = (lambda b: None if b is None else b.to(torch.float32).contiguous())
         keep = (lambda t: None if t is None else t.contiguous())
         w2, s2, scale_high = weights.w2, weights.w2_scale, False
-        repacked = self._mxfp4_repacked()
-        if repacked:
-            if spec.gated and gate_stride == 1:
-                # Gate row n next to up row n: GEMM 1 takes both in one tile.
-                w13, s13, b13 = (_interleave_rows(t, spec.intermediate_size) for t in (w13, s13, b13))
-                gate_stride, up_offset = 2, 1
+        if repacked and spec.gated and gate_stride == 1:
+            # Gate row n next to up row n: GEMM 1 takes both in one tile.
+            half = spec.intermediate_size
+            if spec.weight_format == "int4_g128":  # its rows are the checkpoint's last dim
+                w13, s13 = _interleave_columns(w13, half), _interleave_columns(s13, half)
+            else:
+                w13, s13 = _interleave_rows(w13, half), _interleave_rows(s13, half)
+            b13 = _interleave_rows(b13, half)
+            gate_stride, up_offset = 2, 1
+        if repacked and spec.weight_format == "int4_g128":
+            (w13, s13), (w2, s2) = int4_repacked.repack(w13, s13), int4_repacked.repack(w2, s2)
+        elif repacked:
             w13, s13, high13 = mxfp4_repacked.repack(w13, s13)
             w2, s2, high2 = mxfp4_repacked.repack(w2, s2)
             scale_high = high13 or high2
         return TritonMoEWeights(keep(w13), keep(w2), keep(s13), keep(s2), bias(b13), bias(weights.b2),
                                 expert_map, gate_stride, up_offset, repacked, scale_high)
 
-    def _mxfp4_repacked(self) -> bool:
-        return self.spec.weight_format == "mxfp4" and self.mxfp4_path == configs.REPACKED_MXFP4
+    def _repacked(self) -> bool:
+        fmt = self.spec.weight_format
+        return ((fmt == "mxfp4" and self.mxfp4_path == configs.REPACKED)
+                or (fmt == "int4_g128" and self.int4_path == configs.REPACKED))
 
-    def _mxfp4_pair_fma(self) -> bool:
-        """Repacked mxfp4 scaled by bf16x2 FMAs (NVIDIA's inline PTX; the dots 16-bit)."""
+    def _pair_fma(self) -> bool:
+        """Repacked weights scaled by packed 16-bit FMAs (NVIDIA's inline PTX; the dots 16-bit)."""
         gpu = self.target.gpu
-        return self._mxfp4_repacked() and not self.dot_f32 and bool(gpu and gpu.vendor == "nvidia")
+        return self._repacked() and not self.dot_f32 and bool(gpu and gpu.vendor == "nvidia")
 
     # --- per call ------------------------------------------------------------------------------
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
@@ -261,8 +285,8 @@ class TritonMoEKernel(MoEKernel):
             ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=bias is not None,
             A_FP8=fp8_act and fmt == "fp8_block128", A_TERMS=act_terms, A_QUANTIZED=a_scale is not None,
             OUT_FP8=out_scale is not None, DOT_F32=self.dot_f32,
-            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", MXFP4_REPACKED=self._mxfp4_repacked(),
-            SCALE_HIGH=scale_high, MXFP4_PAIR_FMA=self._mxfp4_pair_fma(),
+            MXFP4_DOT_SCALED=self.mxfp4_path == "dot_scaled", REPACKED=self._repacked(),
+            SCALE_HIGH=scale_high, PAIR_FMA=self._pair_fma(),
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
@@ -310,9 +334,10 @@ class TritonMoEKernel(MoEKernel):
         """The call's dependent launches, in order, over scratch allocated here. `_run` runs them;
         a benchmark may time them one by one, a test read the scratch between them."""
         spec = self.spec
-        if data.mxfp4_repacked != self._mxfp4_repacked():
-            raise ValueError("prepared holds mxfp4 weights in another layout than this kernel's "
-                             f"mxfp4_path={self.mxfp4_path!r}: call this kernel's prepare_weights")
+        if data.repacked != self._repacked():
+            raise ValueError("prepared holds weights in another layout than this kernel's (mxfp4_path="
+                             f"{self.mxfp4_path!r}, int4_path={self.int4_path!r}): call this kernel's "
+                             "prepare_weights")
         M, H, I = x.shape[0], spec.hidden_size, spec.intermediate_size
         routes = M * spec.top_k
         config = self.config(M)

@@ -89,8 +89,8 @@ def compile_all(profile: str) -> list:
                     FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
                     ACTIVATION=configs.ACTIVATION_CODES[spec.activation], HAS_BIAS=spec.has_bias,
                     A_FP8=False, A_TERMS=1, A_QUANTIZED=False, OUT_FP8=False, DOT_F32=False,
-                    MXFP4_DOT_SCALED=False, MXFP4_REPACKED=fmt == "mxfp4", SCALE_HIGH=fmt == "mxfp4",
-                    MXFP4_PAIR_FMA=fmt == "mxfp4" and gpu.vendor == "nvidia", A_FORMAT="bf16",
+                    MXFP4_DOT_SCALED=False, REPACKED=fmt in ("mxfp4", "int4_g128"), SCALE_HIGH=fmt == "mxfp4",
+                    PAIR_FMA=fmt in ("mxfp4", "int4_g128") and gpu.vendor == "nvidia", A_FORMAT="bf16",
                     BLOCK_M=choice.block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
                     SWAP_AB=gemm.swap_ab, PER_ROUTE=False, LOCAL_EXPERTS=spec.local_experts,
                     HAS_MAP=False, GROUP_M=gemm.group_m)

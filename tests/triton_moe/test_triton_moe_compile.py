@@ -1,8 +1,8 @@
 """triton_moe's expert GEMM compiled ahead of time (Triton compiles without the GPU) with the launch
 configs the rule picks for recorded profiles of GPUs this machine need not have: AMD CDNA3 and
 RDNA3, where no kernel has run on hardware, every format each supports, and the H200, whose
-repacked-mxfp4 swap-AB tiles must reach wgmma with the e2m1 decode's bf16x2 FMA (inline PTX, so
-ptxas must accept it) and no GEMM may have its wgmmas serialized by ptxas. Each must lower to a
+repacked mxfp4 and int4 swap-AB tiles must reach wgmma with their decode's bf16x2 FMAs (inline
+PTX, so ptxas must accept it) and no GEMM may have its wgmmas serialized by ptxas. Each must lower to a
 bf16 matrix instruction of its architecture (the 16-bit dot every format's weights are dequantized
 to) and fit its shared memory."""
 
@@ -41,7 +41,7 @@ def test_amd_lowers_every_format_to_its_bf16_matrix_instruction(profile, instruc
 def test_h200_swap_ab_tiles_reach_wgmma():
     cases = compiled("h200")
     assert any(c["swap_ab"] for c in cases)
-    assert all(c["pair_fma"] == (c["format"] == "mxfp4") for c in cases)
+    assert all(c["pair_fma"] == (c["format"] in ("mxfp4", "int4_g128")) for c in cases)
     assert not [c for c in cases if c["serialized_wgmma"]]
     for case in cases:
         if case["swap_ab"]:

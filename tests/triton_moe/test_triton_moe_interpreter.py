@@ -141,6 +141,14 @@ def test_per_route_blocks(fmt, activation, H, I, oracle, weights_for):
     run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
 
 
+@pytest.mark.parametrize("path", ["repacked", "checkpoint"])
+def test_int4_paths(path, oracle, weights_for):
+    """int4 repacked (gate and up rows interleaved from swiglu_oai's interleaved columns) and on
+    GPTQ's own layout (the columns de-interleaved)."""
+    spec = small_spec("int4_g128", "swiglu_oai", True, True, H=256, I=128)
+    run_layer(spec, 5, oracle, weights_for, kernel=TritonMoEKernel(spec, CPU, int4_path=path))
+
+
 def test_int4_per_channel(oracle, weights_for):
     """group_size -1: one scale per output column over all of K."""
     spec = hal.MoESpec(num_experts=6, top_k=2, hidden_size=192, intermediate_size=64,

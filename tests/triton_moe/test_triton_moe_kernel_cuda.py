@@ -202,6 +202,23 @@ def test_mxfp4_paths(path, M, oracle, weights_for):
              drop=0.1)
 
 
+@pytest.mark.parametrize("path", ["repacked", "checkpoint"])
+@pytest.mark.parametrize("M", [5, 300])
+def test_int4_paths(path, M, oracle, weights_for):
+    spec = make_spec("int4_g128", "swiglu_oai", bias=True, ep=True)
+    run_case(spec, M, oracle, weights_for, kernel=TritonMoEKernel(spec, cuda_target(), int4_path=path),
+             drop=0.1)
+
+
+@pytest.mark.parametrize("M", [5, 300])
+def test_int4_per_channel_fp16(M, oracle, weights_for):
+    """group_size -1 (one scale per column, repeated for every step of the repacked layout) with
+    fp16 activations and scales: the fp16 decode's packed FMAs."""
+    spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=264, intermediate_size=136,
+                       weight_format="int4_g128", group_size=-1, has_bias=True, act_dtype="float16")
+    run_case(spec, M, oracle, weights_for)
+
+
 @pytest.mark.parametrize("M", [5, 300])
 def test_mxfp4_large_scales(M, oracle, weights_for):
     """A few of w13's e8m0 exponents at 129 and 130 (scales 4 and 8), the rest 6 below the usual
