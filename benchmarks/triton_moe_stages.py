@@ -250,7 +250,7 @@ def main(argv=None) -> int:
             candidates += [("evolved", *changes) for changes in WIDER_DEEPER]
         if "regrouped" in sweep and rule.gemv1 is None:
             candidates += [("regrouped", *which) for which in REGROUPED]
-            if rule.block_m < 64:
+            if rule.block_m < 64 and rule.gemm1.group_m == 1:
                 candidates.append(("regrouped", True, True, DECODE_GROUP_M))
         if "shallower" in sweep and rule.gemv1 is None:
             candidates += [("shallower", *by) for by in SHALLOWER]

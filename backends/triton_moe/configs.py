@@ -84,6 +84,13 @@ DEFAULT_SMS = 108
 DEFAULT_SMEM = 99 * 1024
 DEFAULT_L2 = 40 << 20
 MAX_GROUP_M = 16
+# Per-route blocks (decode, few routes): every route's block walks the N tiles together with up to
+# this many others. A few routes still share an expert (32 routes over 128 experts: about 3.5 do);
+# walking each route's N tiles in turn, they read the shared weights from memory twice, at different
+# times. vLLM 0.33.0's tuned H100 table for gpt-oss-120b groups 64 blocks at 8 tokens. On an H100
+# (benchmarks/triton_moe_stages.py --sweep regrouped), gpt-oss-120b bf16 at 8 tokens: 494.5 us
+# against 541.0 without groups (GEMM 1 329.4 against 360.5), 513.1 in groups of 16.
+PER_ROUTE_GROUP_M = 64
 # w8a16 prefill on GPUs with wgmma, from this BLOCK_M: GEMM 1 swap-AB (the e4m3 weights scaled into
 # bf16 in registers are wgmma's register operand, x comes straight from memory, so the dots chain
 # on the accumulator and stay in flight; in the usual order the scaled tile is stored to shared
@@ -373,8 +380,8 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
     routes are few enough; swap_ab forces the operand order of dequantized weights (fp8 w8a16, mxfp4
     through dot_scaled) either way; mxfp4_path and int4_path name the weights' layout (REPACKED or
     the checkpoint's paths, kernel.MXFP4_PATHS / INT4_PATHS); grouped_n=False walks each block's N
-    tiles in turn at prefill everywhere, True groups the blocks wherever the rule may (None: where
-    needs_grouping says)."""
+    tiles in turn everywhere, True groups the blocks wherever the rule may at prefill (None: where
+    needs_grouping says; per-route blocks are grouped unless grouped_n is False)."""
     bucket = token_bucket(tokens)
     sms = (gpu.sm_count if gpu is not None else None) or DEFAULT_SMS
     smem = (gpu.smem_per_block_optin if gpu is not None else None) or DEFAULT_SMEM
@@ -525,6 +532,11 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
                            "topk_ids by the GEMMs, no grouping launch")
+            if grouped_n is not False:
+                gemm1 = attrs.evolve(gemm1, group_m=PER_ROUTE_GROUP_M)
+                gemm2 = attrs.evolve(gemm2, group_m=PER_ROUTE_GROUP_M)
+                reasons.append(f"the routes walk the N tiles together (groups of {PER_ROUTE_GROUP_M}), so "
+                               "routes that share an expert read each weight tile while it sits in L2")
         return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), per_route=per_route,
                             h_fp8=h_fp8, act_terms=act_terms if fp8_act else 1)
     gemv1 = _gemv(spec.intermediate_size, spec.hidden_size, max(routes, 1.0), spec.weight_format, sms)

@@ -145,8 +145,8 @@ class TritonMoEKernel(MoEKernel):
         by benchmarks/triton_moe_peer.py), gemv=True through the GEMV path for bf16 too (not for
         repacked mxfp4, which has none). swap_ab=True puts dequantized weights first in the dot
         (the rule does for repacked mxfp4, not elsewhere: measured slower on the H200), False
-        never. grouped_n=False walks each block's N tiles in turn at prefill everywhere, True
-        groups the blocks wherever the rule may (None: the rule's choice per GEMM)."""
+        never. grouped_n=False walks each block's N tiles in turn everywhere, True groups
+        the blocks wherever the rule may (None: the rule's choice per GEMM)."""
         super().__init__(spec, target)
         if fp8_act is not None and fp8_act not in configs.FP8_ACT_VALUES:
             raise ValueError(f"fp8_act={fp8_act!r} is not allowed: expected None, False, True or 'x2'")

@@ -217,6 +217,23 @@ def test_prefill_groups_only_where_the_blocks_in_flight_miss_an_expert():
     assert configs.needs_grouping(14336, 128, 9, 132) and not configs.needs_grouping(2880, 256, 2, 132)
 
 
+def test_per_route_blocks_walk_the_n_tiles_together():
+    """gpt-oss-120b at 8 tokens: 32 routes over 128 experts, a block per route; the routes walk the
+    N tiles in one group, so those sharing an expert read its tiles while in L2. grouped_n=False
+    keeps each route's N tiles in turn; blocks grouped by expert (qwen3-30b-a3b, 64 routes) are not
+    grouped at decode."""
+    h100 = hal.probe(profile="h100").gpus[0]
+    gpt_oss = presets.get("gpt-oss-120b").spec("bf16")
+    rule = configs.choose(gpt_oss, h100, 8, gemv=False)
+    assert rule.per_route
+    assert rule.gemm1.group_m == rule.gemm2.group_m == configs.PER_ROUTE_GROUP_M
+    assert any("share an expert" in reason for reason in rule.reasons)
+    plain = configs.choose(gpt_oss, h100, 8, gemv=False, grouped_n=False)
+    assert plain.per_route and plain.gemm1.group_m == plain.gemm2.group_m == 1
+    grouped = configs.choose(presets.get("qwen3-30b-a3b").spec("bf16"), h100, 8, gemv=False)
+    assert not grouped.per_route and grouped.gemm1.group_m == grouped.gemm2.group_m == 1
+
+
 def test_decode_tiles_shrink_to_fill_the_sms():
     gpu = hal.probe(profile="h200").gpus[0]
     c = configs.choose(spec(), gpu, 1)
