@@ -17,7 +17,9 @@ import triton
 STEP_K = 128  # K values per step: 16 words of a row
 WORDS_PER_STEP = 16
 GROUPS_PER_STEP = 4  # 32-wide K groups per step, one per nibble position of a half
-REPACK_EXPERTS = 8  # experts packed at a time: bounds the int64 temporaries
+# Values packed at a time (whole experts, at least one): bounds the int64 temporaries to about 1 GiB
+# (8 experts of gpt-oss-120b's w13, one of mixtral-8x7b's).
+REPACK_VALUES = 1 << 27
 
 
 def steps(k: int) -> int:
@@ -31,13 +33,14 @@ def int32(bits: int) -> int:
 
 def pack(nibbles_of, experts: int, n: int, k: int, word_bits: tuple, pad_nibble: int,
          device) -> torch.Tensor:
-    """4-bit values to words [experts, steps, n, 16] int32, REPACK_EXPERTS experts at a time:
+    """4-bit values to words [experts, steps, n, 16] int32, about REPACK_VALUES values at a time:
     nibbles_of(e0, e1) gives experts e0..e1-1's values [e, n, k] (any integer dtype, 0..15);
     word_bits: (group j, half b, nibble bit, word bit) for every bit a word holds."""
     S = steps(k)
     words = torch.empty(experts, S, n, WORDS_PER_STEP, dtype=torch.int32, device=device)
-    for e0 in range(0, experts, REPACK_EXPERTS):
-        e1 = min(experts, e0 + REPACK_EXPERTS)
+    chunk = max(1, REPACK_VALUES // (n * S * STEP_K))
+    for e0 in range(0, experts, chunk):
+        e1 = min(experts, e0 + chunk)
         part = torch.nn.functional.pad(nibbles_of(e0, e1).to(torch.int64), (0, S * STEP_K - k),
                                        value=pad_nibble)
         # k = 32 j + 2 r + b within a step -> group j, word r, half b
