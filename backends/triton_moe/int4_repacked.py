@@ -29,7 +29,8 @@ ZERO_NIBBLE = 8  # uint4b8's zero: the padding past K
 # repacked_words.pack's placement: nibble bit i of group j's half b at word bit 16 b + 4 j + i.
 WORD_BITS = tuple((j, b, i, 16 * b + 4 * j + i) for j in range(GROUPS_PER_STEP) for b in range(2)
                   for i in range(4))
-# $0 = (($1 & 0x000F000F) | P P) - (P + 8) (P + 8), times $2 (+ -0): a decoded pair, scaled.
+# A pair decoded and scaled: t = ($1 & 0x000F000F) | (P, P) is (P + q, P + q') in the 16-bit type;
+# t * 1 - (P + 8) is (q - 8, q' - 8), exact; times the scale pair $2, plus -0, the result $0.
 _BF16_PAIR_PTX = tl.constexpr("""
 {
 .reg .b32 t, one, bias, negzero;

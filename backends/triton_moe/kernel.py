@@ -56,7 +56,7 @@ WEIGHT_PATHS = {
     "mxfp4": "e2m1 + e8m0 dequantized in registers to the activation dtype (w4a16)",
     "int4_g128": "uint4b8 dequantized in registers, group scales applied per K step (w4a16)",
 }
-REPACKED_PATH = "repacked by prepare_weights: decoded with integer operations and packed 16-bit FMAs"
+REPACKED_PATH = "repacked by prepare_weights, decoded with integer operations (NVIDIA: and packed FMAs)"
 
 
 @attrs.frozen
