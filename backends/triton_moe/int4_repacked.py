@@ -29,30 +29,29 @@ ZERO_NIBBLE = 8  # uint4b8's zero: the padding past K
 # repacked_words.pack's placement: nibble bit i of group j's half b at word bit 16 b + 4 j + i.
 WORD_BITS = tuple((j, b, i, 16 * b + 4 * j + i) for j in range(GROUPS_PER_STEP) for b in range(2)
                   for i in range(4))
-# A pair decoded and scaled: t = ($1 & 0x000F000F) | (P, P) is (P + q, P + q') in the 16-bit type;
-# t * 1 - (P + 8) is (q - 8, q' - 8), exact; times the scale pair $2, plus -0, the result $0.
-_BF16_PAIR_PTX = tl.constexpr("""
-{
+# The 16-bit bits of P (bf16 128, fp16 1024), 1 and -(P + 8), per PTX type.
+_PAIR_CONSTANTS = {"bf16": (0x4300, 0x3F80, 0xC308), "f16": (0x6400, 0x3C00, 0xE408)}
+
+
+def _pair_ptx(kind: str) -> tl.constexpr:
+    """A pair decoded and scaled: t = ($1 & 0x000F000F) | (P, P) is (P + q, P + q') in the 16-bit
+    type; t * 1 - (P + 8) is (q - 8, q' - 8), exact; times the scale pair $2, plus -0, into $0."""
+    p, one, bias = (f"0x{h:04X}{h:04X}" for h in _PAIR_CONSTANTS[kind])
+    return tl.constexpr(f"""
+{{
 .reg .b32 t, one, bias, negzero;
-mov.b32 one, 0x3F803F80;
-mov.b32 bias, 0xC308C308;
+mov.b32 one, {one};
+mov.b32 bias, {bias};
 mov.b32 negzero, 0x80008000;
-lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 t, t, one, bias;
-fma.rn.bf16x2 $0, t, $2, negzero;
-}
+lop3.b32 t, $1, 0x000F000F, {p}, 0xEA;
+fma.rn.{kind}x2 t, t, one, bias;
+fma.rn.{kind}x2 $0, t, $2, negzero;
+}}
 """)
-_FP16_PAIR_PTX = tl.constexpr("""
-{
-.reg .b32 t, one, bias, negzero;
-mov.b32 one, 0x3C003C00;
-mov.b32 bias, 0xE408E408;
-mov.b32 negzero, 0x80008000;
-lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
-fma.rn.f16x2 t, t, one, bias;
-fma.rn.f16x2 $0, t, $2, negzero;
-}
-""")
+
+
+_BF16_PAIR_PTX = _pair_ptx("bf16")
+_FP16_PAIR_PTX = _pair_ptx("f16")
 
 
 def repack(qweight: torch.Tensor, scales: torch.Tensor) -> tuple:
