@@ -119,11 +119,12 @@ WIDER_DEEPER = (
     (dict(num_stages=3), dict(block_n=128, num_stages=3)),
 )
 # Each GEMM's N grouping the other way from the rule's (groups of configs.group_m where it walks
-# each block's N tiles in turn, and back), (GEMM 1, GEMM 2); at decode too, where the rule never
-# groups and vLLM 0.33.0's tuned H100 table for gpt-oss-120b does (GROUP_SIZE_M 64 at 8 tokens).
+# each block's N tiles in turn, and back), (GEMM 1, GEMM 2); at decode too, where the rule groups
+# only per-route blocks (configs.PER_ROUTE_GROUP_M).
 REGROUPED = ((True, False), (False, True), (True, True))
-# At decode also both GEMMs in groups of this many blocks, vLLM's GROUP_SIZE_M there (at 8 tokens,
-# more than the blocks a call has: the blocks walk each N tile in turn).
+# At decode, where the rule has no groups, also both GEMMs in groups of this many blocks: vLLM
+# 0.33.0's GROUP_SIZE_M in its tuned H100 table for gpt-oss-120b at 8 tokens (more than the blocks
+# a call has: the blocks walk each N tile in turn).
 DECODE_GROUP_M = 64
 # --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
 # (WIDER_DEEPER), REGROUPED, SHALLOWER, and grouping routes by expert where the rule runs a block per
