@@ -1,11 +1,12 @@
 """marlin side by side with vLLM's Marlin MoE (built by benchmarks/marlin_peer_build.py), on one GPU:
 same GPTQ int4 weights (repacked to each kernel's layout by its own repack), same tokens and
 routings, L2 flushed before every timed call, each call a CUDA graph replayed between two events,
-medians; ratio = peer time / marlin time (above 1: marlin faster). Without --peer only marlin runs.
+medians; ratio = peer time / marlin time (above 1: marlin faster). Without --peer only marlin runs;
+--triton-moe adds triton_moe's int4 (the other int4 kernel on NVIDIA) on the same weights and inputs.
 
     python benchmarks/marlin_peer.py --peer .peer/marlin/build/libhal_peer_vllm_marlin.so \
         [--shapes mixtral-8x7b,qwen3-30b-a3b] [--tokens 1,8,64,256,2048] [--sweep-tokens 16,64,256]
-        [--sweep-all-splits] [--sweep-block-m 8] [--out results.jsonl]
+        [--sweep-all-splits] [--sweep-block-m 8] [--triton-moe] [--out results.jsonl]
 
 The peer layer is vLLM 0.33.0's fused_marlin_moe path: its block-size rule, moe_align_block_size,
 GEMM 1 (fp32 reduce, no atomics), the activation, GEMM 2 with the top-k weight, and the top-k sum
@@ -325,9 +326,10 @@ class Layer:
     kernel: object
     prepared: object
     peer: object  # PeerLayer or None
+    triton: object = None  # (triton_moe kernel, its prepared weights) with --triton-moe
 
 
-def prepare(name: str, spec: MoESpec, peer_lib) -> Layer:
+def prepare(name: str, spec: MoESpec, peer_lib, with_triton: bool = False) -> Layer:
     from hal.registry import select_moe_kernel
 
     t0 = time.time()
@@ -335,10 +337,14 @@ def prepare(name: str, spec: MoESpec, peer_lib) -> Layer:
     weights = gpu_weights(spec)
     prepared = kernel.prepare_weights(weights)
     peer = PeerLayer(peer_lib, spec, weights) if peer_lib is not None else None
+    triton = None
+    if with_triton:
+        triton_kernel = select_moe_kernel(spec, "cuda", prefer="triton_moe")
+        triton = (triton_kernel, triton_kernel.prepare_weights(weights))
     del weights
     torch.cuda.synchronize()
     print(f"# {name}: weights ready in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
-    return Layer(name, spec, kernel, prepared, peer)
+    return Layer(name, spec, kernel, prepared, peer, triton)
 
 
 def attributes_record(layer: Layer) -> dict:
@@ -405,6 +411,12 @@ def occupancy_first_choice(kernel, tokens: int):
     return bm, gemm(spec.w13_rows, spec.hidden_size), gemm(spec.hidden_size, spec.intermediate_size)
 
 
+def rel_diff(out, ref) -> float:
+    """Largest difference from marlin's output, relative to marlin's largest magnitude."""
+    ref = ref.float()
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
 def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool,
                 ab: bool = False):
     kernel, peer, prepared = layer.kernel, layer.peer, layer.prepared
@@ -442,6 +454,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
         variants["peer"] = [lambda s=s, o=o: peer(*s, o) for s, o in zip(sets, pouts, strict=True)]
+    if layer.triton is not None:
+        triton_kernel, triton_prepared = layer.triton
+        touts = [torch.empty_like(s[0]) for s in sets]
+        variants["triton_moe"] = [lambda s=s, o=o: triton_kernel(*s, triton_prepared, out=o, check=False)
+                                  for s, o in zip(sets, touts, strict=True)]
     med = timer.time(variants, samples)
     work = call_work(layer.spec, sets, layer.prepared.data.expert_map)
     rec = dict(kind="layer", shape=layer.name, tokens=T, marlin_us=med["marlin"],
@@ -456,9 +473,16 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
-            ref = outs[0].float()
-            rec["max_rel_diff_vs_peer"] = float((pouts[0].float() - ref).abs().max()
-                                                / ref.abs().max().clamp_min(1e-6))
+            rec["max_rel_diff_vs_peer"] = rel_diff(pouts[0], outs[0])
+    if layer.triton is not None:
+        rec.update(triton_moe_us=med["triton_moe"], triton_moe_plan=triton_kernel.plan(T).describe(),
+                   triton_moe_gbps=work[0] / med["triton_moe"] / 1e3,
+                   triton_moe_tflops=work[1] / med["triton_moe"] / 1e6,
+                   marlin_over_triton_moe=med["marlin"] / med["triton_moe"])
+        if peer is not None:
+            rec["peer_over_triton_moe"] = med["peer"] / med["triton_moe"]
+        if check:
+            rec["max_rel_diff_triton_moe"] = rel_diff(touts[0], outs[0])
     sink.emit(rec)
 
 
@@ -532,17 +556,37 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
                                all_splits=all_splits))
 
 
-def summarize(records) -> str:
-    layers = [r for r in records if r["kind"] == "layer" and "ratio" in r]
-    if not layers:
-        return ""
-    lines = ["| shape | tokens | vLLM Marlin us | marlin us | ratio |", "|---|---:|---:|---:|---:|"]
-    for r in layers:
-        lines.append(f"| {r['shape']} | {r['tokens']} | {r['peer_us']:.1f} | {r['marlin_us']:.1f} | "
-                     f"{r['ratio']:.2f} |")
-    ratios = [r["ratio"] for r in layers]
+def geomean_line(ratios, what: str) -> str:
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    lines.append(f"\ngeomean {geo:.3f} over {len(ratios)} points; min {min(ratios):.2f}")
+    return f"{what}: geomean {geo:.3f} over {len(ratios)} points; min {min(ratios):.2f}"
+
+
+def summarize(records) -> str:
+    """A markdown table of the layer points: marlin beside the peer and triton_moe where they ran;
+    each ratio is the other kernel's time over the one named second (above 1: that one faster)."""
+    layers = [r for r in records if r["kind"] == "layer"]
+    peer, triton = any("ratio" in r for r in layers), any("triton_moe_us" in r for r in layers)
+    if not (peer or triton):
+        return ""
+    head = ["shape", "tokens"] + (["vLLM Marlin us"] if peer else []) + ["marlin us"]
+    head += ["peer / marlin"] if peer else []
+    if triton:
+        head += ["triton_moe us", "marlin / triton_moe"] + (["peer / triton_moe"] if peer else [])
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in layers:
+        cells = [r["shape"], str(r["tokens"])] + ([f"{r['peer_us']:.1f}"] if peer else [])
+        cells += [f"{r['marlin_us']:.1f}"] + ([f"{r['ratio']:.2f}"] if peer else [])
+        if triton:
+            cells += [f"{r['triton_moe_us']:.1f}", f"{r['marlin_over_triton_moe']:.2f}"]
+            cells += [f"{r['peer_over_triton_moe']:.2f}"] if peer else []
+        lines.append("| " + " | ".join(cells) + " |")
+    if peer:
+        lines.append("\n" + geomean_line([r["ratio"] for r in layers], "vLLM Marlin / marlin"))
+    if triton:
+        lines.append(geomean_line([r["marlin_over_triton_moe"] for r in layers], "marlin / triton_moe"))
+        if peer:
+            lines.append(geomean_line([r["peer_over_triton_moe"] for r in layers],
+                                      "vLLM Marlin / triton_moe"))
     return "\n".join(lines)
 
 
@@ -566,6 +610,8 @@ def main() -> int:
                              "dependent launch but no weight prefetch, with each other epilogue fusion "
                              "(configs.FUSIONS: five, four or three launches), and the cost model's choice "
                              "with the epilogue inside the mainloop's time where it differs")
+    parser.add_argument("--triton-moe", action="store_true",
+                        help="also time triton_moe's int4 (its default path) on the same weights and inputs")
     parser.add_argument("--ceilings", action="store_true",
                         help="measure the copy and bf16 matmul ceilings first (hal.bench.ceilings)")
     args = parser.parse_args()
@@ -594,7 +640,7 @@ def main() -> int:
     layers = []
     for name in names:
         try:
-            layers.append(prepare(name, specs[name], peer_lib))
+            layers.append(prepare(name, specs[name], peer_lib, args.triton_moe))
         except Exception as exc:  # one failing shape must not lose the others
             print(f"# {name}: FAILED to prepare: {type(exc).__name__}: {exc}", flush=True)
     for layer in layers:
