@@ -31,6 +31,7 @@ import time
 import torch
 
 import hal
+from hal.bench.ratios import geomean
 from hal.presets import PRESETS
 from hal.spec import MoEWeights
 from hal.synth import random_routing
@@ -181,11 +182,6 @@ GROUPS = (("decode T<=16", lambda t: t <= 16), ("prefill T>=64", lambda t: t >= 
 
 def over_floor(seconds: float, floor_s) -> str:
     return f"{seconds / floor_s:.2f}" if floor_s and seconds == seconds else "-"
-
-
-def geomean(values):
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def main():

@@ -30,6 +30,7 @@ import time
 import attrs
 import torch
 
+from hal.bench.ratios import geomean
 from hal.presets import PRESETS
 from hal.spec import MoESpec, MoEWeights
 
@@ -557,8 +558,7 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
 
 
 def geomean_line(ratios, what: str) -> str:
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    return f"{what}: geomean {geo:.3f} over {len(ratios)} points; min {min(ratios):.2f}"
+    return f"{what}: geomean {geomean(ratios):.3f} over {len(ratios)} points; min {min(ratios):.2f}"
 
 
 def summarize(records) -> str:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 import time
 
@@ -48,6 +47,7 @@ from backends.requant import tuning
 from backends.requant.geometry import RequantGeometry, pow2_floor, requant_launch_geometry
 from backends.requant.op import fp8_per_token_to_per_tensor
 from hal.bench.interleaved import time_sides
+from hal.bench.ratios import geomean
 from hal.bench.requant import skewed_rows
 from hal.synth import random_masked_inputs
 from hal.testing.poison import is_poison
@@ -198,10 +198,6 @@ def run_point(hidden, experts, rows, pattern, expected_mode, peer, candidates, o
                 streaming=rule.streaming, paired=rule.paired, peer_rule=peer_rule,
                 us={name: s * 1e6 for name, s in seconds.items()}, byte_errors=errors,
                 elements=sum(masked) * hidden)
-
-
-def geomean(values) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def summarize(points: list, baseline: str) -> str:

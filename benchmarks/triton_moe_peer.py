@@ -44,6 +44,7 @@ from hal import presets
 from hal.backend import Target
 from hal.bench import ceilings as ceiling_probe
 from hal.bench.interleaved import time_sides
+from hal.bench.ratios import geomean
 from hal.spec import MoEWeights
 from hal.testing.accuracy import rel_err
 
@@ -302,11 +303,6 @@ def format_row(r: Row) -> str:
             f"{_opt(r.peer_roof, '.0%')} | {_opt(r.peer_gemms_us, '.1f')} | {_opt(r.ratio, '.2f')} | "
             f"{_opt(r.ratio_gemms, '.2f')} | {_opt(r.diff, '.1e')} | "
             + (", ".join(f"{us:.1f} ({alt})" for alt, us in r.alternatives_us.items()) or "-") + " |")
-
-
-def geomean(values) -> float:
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def main(argv=None) -> int:

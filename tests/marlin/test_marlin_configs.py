@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from pathlib import Path
 
 import attrs
@@ -14,6 +13,7 @@ import pytest
 import hal
 from backends.marlin import backend, build, configs
 from hal.backend import Target
+from hal.bench.ratios import geomean
 from hal.presets import PRESETS
 
 pytestmark = [pytest.mark.cpu, pytest.mark.profiles]
@@ -153,10 +153,6 @@ def rule_against_sweep(sweep_name: str) -> list:
                 fastest = min(p[6] for p in data["points"] if p[0] == shape and p[1] == tokens)
                 out.append((got / fastest, shape, tokens))
     return out
-
-
-def geomean(xs) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def test_cost_model_is_near_the_fastest_measured_everywhere():
