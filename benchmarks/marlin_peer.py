@@ -31,6 +31,7 @@ import attrs
 import torch
 
 from hal.bench.ratios import geomean
+from hal.bench.table import table_lines
 from hal.presets import PRESETS
 from hal.spec import MoESpec, MoEWeights
 
@@ -572,14 +573,15 @@ def summarize(records) -> str:
     head += ["peer / marlin"] if peer else []
     if triton:
         head += ["triton_moe us", "marlin / triton_moe"] + (["peer / triton_moe"] if peer else [])
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    body = []
     for r in layers:
         cells = [r["shape"], str(r["tokens"])] + ([f"{r['peer_us']:.1f}"] if peer else [])
         cells += [f"{r['marlin_us']:.1f}"] + ([f"{r['ratio']:.2f}"] if peer else [])
         if triton:
             cells += [f"{r['triton_moe_us']:.1f}", f"{r['marlin_over_triton_moe']:.2f}"]
             cells += [f"{r['peer_over_triton_moe']:.2f}"] if peer else []
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    lines = table_lines(head, body, markdown=True)
     if peer:
         lines.append("\n" + geomean_line([r["ratio"] for r in layers], "vLLM Marlin / marlin"))
     if triton:
