@@ -4,13 +4,18 @@ and import neither torch nor Triton; build() does."""
 from __future__ import annotations
 
 from backends.triton_moe import support
-from hal.backend import RANK_PORTABLE_FAST, triton_interpreting
+from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, triton_interpreting
 from hal.verdict import Verdict
 
 NAME = "triton_moe"
-# int4_g128 on NVIDIA: Marlin (RANK_SPECIALIZED) is ranked above this portable kernel; on AMD this
-# is the int4 kernel.
 RANK_GPU = RANK_PORTABLE_FAST
+# int4 without an expert map on wgmma GPUs: above marlin (RANK_SPECIALIZED, mma.sync). Side by
+# side on marlin's seven benchmark layers at 1-2048 tokens on an H100 (benchmarks/marlin_peer.py
+# --triton-moe; docs/backends/triton_moe.md), it ran 1.12x marlin's speed over the five layers
+# without a map, ahead at 19 of 25 points and level or ahead at every point from 256 tokens. On
+# the two EP ranks each led about half the points (1.01x), marlin at 1-8 tokens (1.07-1.21x), so
+# marlin keeps EP ranks; other NVIDIA archs were not measured and keep marlin too.
+RANK_INT4_WGMMA = RANK_SPECIALIZED + 10
 
 
 def _target_problems(spec, target) -> list:
@@ -28,8 +33,18 @@ def _notes(spec, target) -> list:
     notes = [f"fused Triton MoE on {gpu.name or gpu.arch}: align routes -> GEMM1 + {spec.activation} -> "
              f"GEMM2 x topk weight -> top-k sum, {spec.weight_format} dequantized in registers"]
     if spec.weight_format == "int4_g128" and gpu.vendor == "nvidia":
-        notes.append("int4 on NVIDIA ranks below marlin (RANK_SPECIALIZED)")
+        if _leads_marlin(spec, gpu):
+            notes.append("int4 ranks above marlin (measured ahead on wgmma GPUs without an expert map)")
+        elif gpu.features.wgmma:
+            notes.append("int4 ranks below marlin on an EP rank, where marlin leads at decode")
+        else:
+            notes.append("int4 ranks below marlin: not measured ahead of it on this arch")
     return notes
+
+
+def _leads_marlin(spec, gpu) -> bool:
+    return (spec.weight_format == "int4_g128" and gpu.vendor == "nvidia" and gpu.features.wgmma
+            and not spec.is_ep)
 
 
 class TritonMoEBackend:
@@ -44,6 +59,8 @@ class TritonMoEBackend:
                                     explicit_only=target.is_cpu)
 
     def rank(self, spec, target) -> int:
+        if not target.is_cpu and _leads_marlin(spec, target.gpu):
+            return RANK_INT4_WGMMA
         return RANK_GPU
 
     def build(self, spec, target):

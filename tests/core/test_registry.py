@@ -130,7 +130,7 @@ def test_reference_wins_only_where_nothing_faster_accepts():
     found_ = discover()
     zen4 = Target("cpu", hal.probe(profile="zen4"))
     int4 = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
-                       weight_format="int4_g128")
+                       weight_format="int4_g128", num_local_experts=4)  # an EP rank: marlin ranks first
     assert decide(int4, zen4, found_).winner == "reference"
     d = decide(SPEC, zen4, found_)
     assert d.winner == "cpu_brgemm", d.explain()
@@ -253,7 +253,7 @@ def test_marlin_without_a_toolchain_fails_its_build_and_the_next_backend_runs(mo
     monkeypatch.setattr(build, "nvcc_archs", lambda: (None, (), "nvcc was not found (set CUDA_HOME)"))
     caps = attrs.evolve(hal.probe(profile="h200"), profile=None)
     int4 = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
-                       weight_format="int4_g128")
+                       weight_format="int4_g128", num_local_experts=4)  # an EP rank: marlin ranks first
     assert decide(int4, Target("cuda:0", caps), discover()).winner == "marlin"
     kernel = select_moe_kernel(int4, "cuda:0", caps=caps)
     assert kernel.backend == "triton_moe"  # the next accepted backend by rank

@@ -59,8 +59,11 @@ def test_sapphire_rapids_vm_without_amx_permission_does_not_use_amx():
     assert "AMX not usable" in summary and "TinyGEMM AVX-512-BF16 for every block" in summary
 
 
-def test_h200_int4_goes_to_marlin():
-    d, _ = winner("h200", presets.get("mixtral-8x7b").spec("int4_g128"), "cuda:0")
+def test_h200_int4_goes_to_triton_moe_and_on_an_ep_rank_to_marlin():
+    d, win = winner("h200", presets.get("mixtral-8x7b").spec("int4_g128"), "cuda:0")
+    assert d.winner == "triton_moe", d.explain()
+    assert "above marlin" in win.verdict.summary()
+    d, win = winner("h200", presets.get("deepseek-v3").spec("int4_g128", num_local_experts=32), "cuda:0")
     assert d.winner == "marlin", d.explain()
 
 

@@ -38,13 +38,16 @@ def test_nvidia_serves_every_format(fmt):
 
 
 def test_selection_on_h200():
-    """bf16, fp8 and mxfp4 go to triton_moe; int4 stays on marlin, ranked above it."""
+    """bf16, fp8, mxfp4 and int4 without an expert map go to triton_moe; int4 on an EP rank stays on
+    marlin, ranked above it, as on GPUs without wgmma."""
     found = discover()
-    for fmt in ("bf16", "fp8_block128", "mxfp4"):
+    for fmt in FORMATS:
         assert decide(spec(fmt), target("h200"), found).winner == "triton_moe"
-    int4 = decide(spec("int4_g128"), target("h200"), found)
-    assert int4.winner == "marlin"
-    assert any(c.name == "triton_moe" and c.verdict.ok for c in int4.candidates)
+    for int4, profile in ((spec("int4_g128", num_local_experts=16), "h200"), (spec("int4_g128"), "b200"),
+                          (spec("int4_g128"), "rtx5090")):
+        decision = decide(int4, target(profile), found)
+        assert decision.winner == "marlin", (profile, int4)
+        assert any(c.name == "triton_moe" and c.verdict.ok for c in decision.candidates)
 
 
 def test_amd_gets_int4_and_fp8_on_cdna3_only():
