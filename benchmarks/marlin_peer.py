@@ -29,6 +29,7 @@ import time
 
 import attrs
 import torch
+from device_weights import device_weights  # benchmarks/ is on sys.path when run as a script
 
 from hal.bench.ratios import geomean
 from hal.bench.table import table_lines
@@ -57,31 +58,6 @@ def shape_specs() -> dict:
         "gpt-oss-like-bias": MoESpec(**GPT_OSS_LIKE, has_bias=True),
         "gpt-oss-like": MoESpec(**GPT_OSS_LIKE, has_bias=False),
     }
-
-
-def gpu_weights(spec: MoESpec, seed: int = 7) -> MoEWeights:
-    """Random GPTQ uint4b8 weights made on the GPU (a few seconds for the largest layer instead of
-    minutes on the host), scaled so each GEMM's outputs are O(1)."""
-    from hal.synth import random_expert_map
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    E, H, I, R = spec.local_experts, spec.hidden_size, spec.intermediate_size, spec.w13_rows
-
-    def quant(k, n):
-        q = torch.randint(-(2 ** 31), 2 ** 31 - 1, (E, k // 8, n), generator=g, device="cuda",
-                          dtype=torch.int32)
-        s = (torch.rand(E, k // 128, n, generator=g, device="cuda") + 0.5) / (4.6 * math.sqrt(k))
-        return q, s.bfloat16()
-
-    w13, s13 = quant(H, R)
-    w2, s2 = quant(I, H)
-    extra = {}
-    if spec.has_bias:
-        extra = dict(b13=torch.randn(E, R, generator=g, device="cuda") * 0.1,
-                     b2=torch.randn(E, H, generator=g, device="cuda") * 0.1)
-    if spec.is_ep:
-        extra["expert_map"] = random_expert_map(spec, seed=8, device="cuda")
-    return MoEWeights(w13=w13, w2=w2, w13_scale=s13, w2_scale=s2, **extra)
 
 
 def input_sets(spec: MoESpec, tokens: int):
@@ -336,7 +312,7 @@ def prepare(name: str, spec: MoESpec, peer_lib, with_triton: bool = False) -> La
 
     t0 = time.time()
     kernel = select_moe_kernel(spec, "cuda", prefer="marlin")
-    weights = gpu_weights(spec)
+    weights = device_weights(spec, 7, "cuda")
     prepared = kernel.prepare_weights(weights)
     peer = PeerLayer(peer_lib, spec, weights) if peer_lib is not None else None
     triton = None

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
 import attrs
 import torch
+from device_weights import device_weights  # benchmarks/ is on sys.path when run as a script
 
 import hal
 from backends.triton_moe import configs
@@ -45,7 +45,6 @@ from hal.backend import Target
 from hal.bench import ceilings as ceiling_probe
 from hal.bench.interleaved import time_sides
 from hal.bench.ratios import geomean
-from hal.spec import MoEWeights
 from hal.testing.accuracy import rel_err
 
 # A layer small enough for Triton's CPU interpreter.
@@ -73,49 +72,6 @@ ROTATE = 8  # input sets per graph: consecutive calls route to different experts
 MIN_SAMPLE_S = 0.004  # each sample replays a graph at least this long
 FP8_MATMUL_N = 8192
 FP8_ACT = {"w8a8": True, "w8a8x2": "x2"}  # --fp8-act -> TritonMoEKernel(fp8_act=...)
-
-
-def device_weights(spec, seed: int, device) -> MoEWeights:
-    """Random weights of `spec`'s format made on the GPU (host generation of the larger layers
-    takes minutes): the value ranges of hal.synth."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    E, H, I, R = spec.local_experts, spec.hidden_size, spec.intermediate_size, spec.w13_rows
-    fmt = spec.weight_format
-
-    def fp8(rows, cols):
-        # One expert at a time: the fp32 draw of a whole layer (kimi-k2's EP rank: 5.6 GB for w13)
-        # would crowd out other processes compiling on the same GPU.
-        w = torch.empty(E, rows, cols, dtype=torch.float8_e4m3fn, device=device)
-        for e in range(E):
-            w[e] = torch.randn(rows, cols, generator=g, device=device).mul_(64).clamp_(-448, 448)
-        s = torch.rand(E, math.ceil(rows / 128), math.ceil(cols / 128), generator=g, device=device) + 0.5
-        return w, s / (64 * math.sqrt(cols))
-
-    def mxfp4(rows, cols):
-        q = torch.randint(0, 256, (E, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
-        s = torch.randint(120, 124, (E, rows, cols // 32), generator=g, device=device, dtype=torch.uint8)
-        return q, s
-
-    if fmt == "bf16":
-        w13 = torch.randn(E, R, H, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(H)
-        w2 = torch.randn(E, H, I, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(I)
-        s13 = s2 = None
-    elif fmt == "fp8_block128":
-        (w13, s13), (w2, s2) = fp8(R, H), fp8(H, I)
-    elif fmt == "mxfp4":
-        (w13, s13), (w2, s2) = mxfp4(R, H), mxfp4(H, I)
-    else:
-        raise ValueError(f"weight_format={fmt!r}: this benchmark times bf16, fp8_block128 and mxfp4")
-    extra = {}
-    if spec.has_bias:
-        extra = dict(b13=torch.randn(E, R, generator=g, device=device) * 0.1,
-                     b2=torch.randn(E, H, generator=g, device=device) * 0.1)
-    if spec.is_ep:
-        chosen = torch.randperm(spec.num_experts, generator=g, device=device)[:E]
-        expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32, device=device)
-        expert_map[chosen] = torch.arange(E, dtype=torch.int32, device=device)
-        extra["expert_map"] = expert_map
-    return MoEWeights(w13=w13, w2=w2, w13_scale=s13, w2_scale=s2, **extra)
 
 
 def input_sets(spec, tokens: int, device, expert_map) -> tuple:

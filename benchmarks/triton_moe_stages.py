@@ -3,7 +3,7 @@ timed alone, then the whole call under alternative configs, on public MoE layers
 one call per rotated input set (as `hal bench moe`), medians.
 
     python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8x2]
-                                           [--sweep [tiles,deeper,regrouped,shallower,grouped]]
+                                           [--sweep [tiles,deeper,regrouped,shallower,grouped,per_route]]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Optional
 
 import attrs
 import torch
-from triton_moe_peer import device_weights  # benchmarks/ is on sys.path when run as a script
+from device_weights import device_weights  # benchmarks/ is on sys.path when run as a script
 
 import hal
 from backends.triton_moe import configs
@@ -127,9 +127,9 @@ REGROUPED = ((True, False), (False, True), (True, True))
 # a call has: the blocks walk each N tile in turn).
 DECODE_GROUP_M = 64
 # --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
-# (WIDER_DEEPER), REGROUPED, SHALLOWER, and grouping routes by expert where the rule runs a block per
-# route.
-SWEEPS = ("tiles", "deeper", "regrouped", "shallower", "grouped")
+# (WIDER_DEEPER), REGROUPED, SHALLOWER, grouping routes by expert where the rule runs a block per
+# route, and a block per route where the rule groups few routes (under an expert map).
+SWEEPS = ("tiles", "deeper", "regrouped", "shallower", "grouped", "per_route")
 # The launches of the grouping column: under w8a8 the first also quantizes x.
 GROUPING_STAGES = ("align", "align_quantize_x", "count_routes", "count_routes_quantize_x", "scatter_routes")
 
@@ -180,6 +180,16 @@ def grouped(kernel, tokens: int):
     """The rule's config for `tokens` with its routes grouped by expert (the grouping launch first)
     where the rule runs a block per route."""
     _swept(kernel, tokens, lambda config: dict(per_route=False))
+
+
+def per_route(kernel, tokens: int):
+    """The rule's config for `tokens` with a block per route (no grouping launch; the routes walk
+    the N tiles in groups of configs.PER_ROUTE_GROUP_M) where the rule groups its few routes."""
+    def together(gemm):
+        return attrs.evolve(gemm, group_m=configs.PER_ROUTE_GROUP_M)
+
+    _swept(kernel, tokens, lambda config: dict(per_route=True, gemm1=together(config.gemm1),
+                                               gemm2=together(config.gemm2)))
 
 
 def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
@@ -257,11 +267,16 @@ def main(argv=None) -> int:
             candidates += [("shallower", *by) for by in SHALLOWER]
         if "grouped" in sweep and rule.per_route:
             candidates.append(("grouped",))
+        if ("per_route" in sweep and not rule.per_route and rule.gemv1 is None
+                and configs.few_routes(spec, rule.tokens_bucket)):
+            candidates.append(("per_route",))
         for candidate in candidates:
             if candidate is None:
                 pass
             elif candidate[0] == "grouped":
                 grouped(kernel, tokens)
+            elif candidate[0] == "per_route":
+                per_route(kernel, tokens)
             elif candidate[0] == "shallower":
                 shallower(kernel, tokens, *candidate[1:])
             elif candidate[0] == "evolved":
