@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from hal.spec import MoEWeights
+from hal.spec import FP8_BLOCK, INT4_PACK, MXFP4_GROUP, MoEWeights
+from hal.synth import random_expert_map
 
 
 def device_weights(spec, seed: int, device) -> MoEWeights:
@@ -23,18 +24,20 @@ def device_weights(spec, seed: int, device) -> MoEWeights:
         w = torch.empty(E, rows, cols, dtype=torch.float8_e4m3fn, device=device)
         for e in range(E):
             w[e] = torch.randn(rows, cols, generator=g, device=device).mul_(64).clamp_(-448, 448)
-        s = torch.rand(E, math.ceil(rows / 128), math.ceil(cols / 128), generator=g, device=device) + 0.5
+        s = torch.rand(E, math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK), generator=g,
+                       device=device) + 0.5
         return w, s / (64 * math.sqrt(cols))
 
     def mxfp4(rows, cols):
         q = torch.randint(0, 256, (E, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
-        s = torch.randint(120, 124, (E, rows, cols // 32), generator=g, device=device, dtype=torch.uint8)
+        s = torch.randint(120, 124, (E, rows, cols // MXFP4_GROUP), generator=g, device=device,
+                          dtype=torch.uint8)
         return q, s
 
     def uint4b8(k, n):
-        # GPTQ: eight 4-bit values per int32 along K, any bit pattern valid; a bf16 scale per group
-        # of K rows (one group over all of K per channel).
-        q = torch.randint(-(2 ** 31), 2 ** 31 - 1, (E, k // 8, n), generator=g, device=device,
+        # GPTQ's uint4b8 words along K (any bit pattern is valid) and a bf16 scale per group of K
+        # rows (one group over all of K per channel).
+        q = torch.randint(-(2 ** 31), 2 ** 31 - 1, (E, k // INT4_PACK, n), generator=g, device=device,
                           dtype=torch.int32)
         groups = 1 if spec.group_size == -1 else k // spec.group_size
         s = (torch.rand(E, groups, n, generator=g, device=device) + 0.5) / (4.6 * math.sqrt(k))
@@ -57,8 +60,5 @@ def device_weights(spec, seed: int, device) -> MoEWeights:
         extra = dict(b13=torch.randn(E, R, generator=g, device=device) * 0.1,
                      b2=torch.randn(E, H, generator=g, device=device) * 0.1)
     if spec.is_ep:
-        chosen = torch.randperm(spec.num_experts, generator=g, device=device)[:E]
-        expert_map = torch.full((spec.num_experts,), -1, dtype=torch.int32, device=device)
-        expert_map[chosen] = torch.arange(E, dtype=torch.int32, device=device)
-        extra["expert_map"] = expert_map
+        extra["expert_map"] = random_expert_map(spec, seed=seed + 1, device=device)
     return MoEWeights(w13=w13, w2=w2, w13_scale=s13, w2_scale=s2, **extra)
