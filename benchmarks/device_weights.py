@@ -39,8 +39,7 @@ def device_weights(spec, seed: int, device) -> MoEWeights:
         # rows (one group over all of K per channel).
         q = torch.randint(-(2 ** 31), 2 ** 31 - 1, (E, k // INT4_PACK, n), generator=g, device=device,
                           dtype=torch.int32)
-        groups = 1 if spec.group_size == -1 else k // spec.group_size
-        s = (torch.rand(E, groups, n, generator=g, device=device) + 0.5) / (4.6 * math.sqrt(k))
+        s = (torch.rand(E, spec.scale_groups(k), n, generator=g, device=device) + 0.5) / (4.6 * math.sqrt(k))
         return q, s.bfloat16()
 
     if fmt == "bf16":

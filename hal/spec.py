@@ -116,6 +116,11 @@ class MoESpec:
         """Rows of the first GEMM's weight: gate and up for gated activations."""
         return 2 * self.intermediate_size if self.gated else self.intermediate_size
 
+    def scale_groups(self, k: int) -> int:
+        """Scale groups of an int4 weight along a K of k: one per group_size rows, or one per
+        channel (group_size -1)."""
+        return 1 if self.group_size == -1 else k // self.group_size
+
     def weight_bytes_per_expert(self) -> int:
         """Bytes of weights and scales one expert reads, as the checkpoint stores them."""
         H, I, R = self.hidden_size, self.intermediate_size, self.w13_rows
@@ -129,9 +134,7 @@ class MoESpec:
             return elems + 4 * blocks
         if fmt == "mxfp4":
             return elems // 2 + elems // MXFP4_GROUP
-        group_h = H if self.group_size == -1 else self.group_size
-        group_i = I if self.group_size == -1 else self.group_size
-        scales = R * (H // group_h) + H * (I // group_i)
+        scales = R * self.scale_groups(H) + H * self.scale_groups(I)
         return elems // 2 + 2 * scales
 
     def flops_per_token(self) -> int:

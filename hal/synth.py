@@ -44,10 +44,9 @@ def _mxfp4(rows, cols, E, g):
     return q, s
 
 
-def _uint4b8(rows, cols, E, group_size, dtype, g):
+def _uint4b8(rows, cols, E, groups, dtype, g):
     """GPTQ container for a [rows, cols] weight: qweight [E, cols/8, rows], scales [E, G, rows]."""
     q = torch.randint(-2**31, 2**31 - 1, (E, cols // INT4_PACK, rows), generator=g, dtype=torch.int64)
-    groups = 1 if group_size == -1 else cols // group_size
     s = (torch.rand(E, groups, rows, generator=g) + 0.5) / (4 * math.sqrt(cols))
     return q.to(torch.int32), s.to(dtype)
 
@@ -69,8 +68,8 @@ def random_weights(spec: MoESpec, device="cpu", seed: int = 0) -> MoEWeights:
         w2, s2 = _mxfp4(H, I, E, g)
     else:
         dtype = torch.bfloat16 if fmt == "w4afp8" else getattr(torch, spec.act_dtype)
-        w13, s13 = _uint4b8(R, H, E, spec.group_size, dtype, g)
-        w2, s2 = _uint4b8(H, I, E, spec.group_size, dtype, g)
+        w13, s13 = _uint4b8(R, H, E, spec.scale_groups(H), dtype, g)
+        w2, s2 = _uint4b8(H, I, E, spec.scale_groups(I), dtype, g)
         if fmt == "w4afp8":
             # Static scales as calibration would set them for the activations random_masked_inputs
             # makes: |x| up to ~9 before GEMM 1, activations O(1) before GEMM 2.

@@ -32,8 +32,7 @@ def expected_shapes(spec: MoESpec) -> dict:
             "w2_scale": ((E, H, I // MXFP4_GROUP), (torch.uint8,)),
         }
     else:  # int4_g128 and w4afp8 share GPTQ's uint4b8 container
-        gh = 1 if spec.group_size == -1 else H // spec.group_size
-        gi = 1 if spec.group_size == -1 else I // spec.group_size
+        gh, gi = spec.scale_groups(H), spec.scale_groups(I)
         scale_dtype = torch.bfloat16 if fmt == "w4afp8" else act
         shapes = {
             "w13": ((E, H // INT4_PACK, R), (torch.int32,)),
