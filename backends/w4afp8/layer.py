@@ -15,7 +15,7 @@ import attrs
 import torch
 import triton.language as tl
 
-from backends.w4afp8 import configs, triton_decode, triton_feed, triton_kernels, triton_planes
+from backends.w4afp8 import configs, triton_decode, triton_feed, triton_kernels, triton_planes, triton_split_k
 from hal.spec import MoESpec
 
 # torch dtype of the MMA operands -> the Triton dtype the kernels convert them to.
@@ -120,7 +120,7 @@ def _split_workspace(experts: int, m_programs: int, n: int, tile: configs.GemmTi
     if split_k == 1:
         empty = torch.empty(0, dtype=torch.float32, device=device)
         return empty, empty.view(torch.int32)
-    tiles = triton_decode.workspace_slots(experts, m_programs, n, tile.block_n, 1)
+    tiles = triton_split_k.split_tiles(experts, m_programs, n, tile.block_n)
     sums = tiles * accumulators * tile.block_n * tile.block_m
     buffer = torch.zeros(sums + tiles, dtype=torch.float32, device=device)
     return buffer[:sums], buffer[sums:].view(torch.int32)
@@ -134,7 +134,7 @@ def _ordered_workspace(experts: int, m_programs: int, n: int, tile: configs.Gemm
     if split_k == 1:
         empty = torch.empty(0, dtype=torch.float32, device=device)
         return empty, empty.view(torch.int32)
-    tiles = triton_decode.workspace_slots(experts, m_programs, n, tile.block_n, 1)
+    tiles = triton_split_k.split_tiles(experts, m_programs, n, tile.block_n)
     sums = torch.empty(tiles * accumulators * split_k * tile.block_n * tile.block_m,
                        dtype=torch.float32, device=device)
     return sums, torch.zeros(tiles, dtype=torch.int32, device=device)
@@ -177,13 +177,13 @@ def gemm1(spec: MoESpec, x: torch.Tensor, x_scale: Optional[torch.Tensor], maske
     if tile.path == "planes":
         ws, counters = _ordered_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
         triton_planes.w4a8_planes_gemm1_kernel[
-            triton_decode.grid(m_programs, inter, tile.block_n, E, split_k)](
+            triton_split_k.grid(m_programs, inter, tile.block_n, E, split_k)](
             *args, data.q13, data.s13, data.w13_input_scale, data.w2_input_scale, h, ws, counters,
             m_programs, *scalars, SPLIT_K=split_k, MAGIC=magic_unpack, **common)
     elif tile.transposed:
         ws, counters = _split_workspace(E, m_programs, inter, tile, 2, split_k, x.device)
         triton_decode.w4a8_decode_gemm1_kernel[
-            triton_decode.grid(m_programs, inter, tile.block_n, E, split_k)](
+            triton_split_k.grid(m_programs, inter, tile.block_n, E, split_k)](
             *args, data.q13.view(torch.int16), data.s13, data.w13_input_scale, data.w2_input_scale, h,
             ws, counters, m_programs, *scalars, data.fold13 if fold else 1.0, SPLIT_K=split_k,
             MAGIC=magic_unpack and dot_dtype in _MAGIC_DOT_DTYPES[fold], FOLD=fold,
@@ -205,13 +205,13 @@ def gemm2(spec: MoESpec, h: torch.Tensor, masked_m: torch.Tensor, data: Prepared
     if tile.path == "planes":
         ws, counters = _ordered_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
         triton_planes.w4a8_planes_gemm2_kernel[
-            triton_decode.grid(m_programs, hidden, tile.block_n, E, split_k)](
+            triton_split_k.grid(m_programs, hidden, tile.block_n, E, split_k)](
             h, masked_m, data.q2, data.s2, data.w2_input_scale, out, ws, counters, m_programs, max_m,
             inter, hidden, SPLIT_K=split_k, MAGIC=magic_unpack, **common)
     elif tile.transposed:
         ws, counters = _split_workspace(E, m_programs, hidden, tile, 1, split_k, h.device)
         triton_decode.w4a8_decode_gemm2_kernel[
-            triton_decode.grid(m_programs, hidden, tile.block_n, E, split_k)](
+            triton_split_k.grid(m_programs, hidden, tile.block_n, E, split_k)](
             h, masked_m, data.q2.view(torch.int16), data.s2, data.w2_input_scale, out, ws, counters,
             m_programs, max_m, inter, hidden, data.fold2 if fold else 1.0, SPLIT_K=split_k,
             MAGIC=magic_unpack and dot_dtype in _MAGIC_DOT_DTYPES[fold], FOLD=fold, **common)

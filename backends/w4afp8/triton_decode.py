@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from backends.w4afp8.triton_kernels import _activation, _requant
+from backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
 
 # One int16 pair in, four bf16 pairs out: pair j holds nibble j of each int16 as q - 8.
 # lop3 immediate 0xEA is (a & b) | c; bf16x2 fma computes x * 1 + (-136) exactly.
@@ -161,13 +162,6 @@ def _publish(ws_ptr, slot, acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _arrive(counter_ptr, tile, parts):
-    """Count this K split in; True for the last of `parts` to arrive, which then owns the sums."""
-    tl.debug_barrier()  # every thread's partial sums are written before the count is
-    return tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == parts - 1
-
-
-@triton.jit
 def _collect(ws_ptr, slot, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """The summed tile, read from L2 where the atomics landed."""
     return tl.load(ws_ptr + _tile_offsets(slot, BLOCK_N, BLOCK_M), cache_modifier=".cg")
@@ -213,12 +207,8 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     into the fp16 weight tile times scale_shift, which the epilogue divides out. x (without
     GROUP_SCALED) and h hold FP8 values (of dtype FP8), as FP8 or, for the fp16 MMA to read them
     straight from memory, as fp16."""
-    n_block = tl.program_id(0) // SPLIT_K
-    split = tl.program_id(0) % SPLIT_K
-    n_blocks = tl.num_programs(0) // SPLIT_K
+    n_block, split, n_blocks, m_program, expert = _program(SPLIT_K)
     groups = hidden // GROUP_K
-    m_program = tl.program_id(1)
-    expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
     in_scale = tl.load(in_scale_ptr).to(tl.float32)
     inv_in_scale = tl.math.div_rn(1.0, in_scale)
@@ -231,11 +221,12 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        parts = _parts(m_block, split_blocks, SPLIT_K)
         if split < parts:
             gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for group in range(split * groups // parts, (split + 1) * groups // parts):
+            first, end = _groups(split, parts, groups)
+            for group in range(first, end):
                 a_t = _activation_t(x_ptr, x_scale_ptr, expert, offs_m, live_m, group * GROUP_K,
                                     max_m, hidden, scale_stride_e, scale_stride_m, scale_stride_g,
                                     inv_in_scale, fp8_max, GROUP_K, GROUP_SCALED, DOT_DTYPE)
@@ -247,7 +238,7 @@ def w4a8_decode_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
-                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    tile = _tile(expert, m_block, n_block, split_blocks, n_blocks)
                     _publish(ws_ptr, 2 * tile, gate, BLOCK_N, BLOCK_M)
                     _publish(ws_ptr, 2 * tile + 1, up, BLOCK_N, BLOCK_M)
                     last = _arrive(counter_ptr, tile, parts)
@@ -268,12 +259,8 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
     """out[e, r, n] = bf16((h[e, r] @ W2_e)[n] * s2) for r < masked_m[e].
     grid = (hidden / BLOCK_N * SPLIT_K, m-programs, experts); SPLIT_K and FOLD as in GEMM 1, one
     workspace slot per tile."""
-    n_block = tl.program_id(0) // SPLIT_K
-    split = tl.program_id(0) % SPLIT_K
-    n_blocks = tl.num_programs(0) // SPLIT_K
+    n_block, split, n_blocks, m_program, expert = _program(SPLIT_K)
     groups = inter // GROUP_K
-    m_program = tl.program_id(1)
-    expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
     sums_scale = tl.load(in_scale_ptr).to(tl.float32) * tl.math.div_rn(1.0, scale_shift)
     q_base = expert.to(tl.int64) * hidden * (inter // 4)
@@ -283,10 +270,11 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        parts = _parts(m_block, split_blocks, SPLIT_K)
         if split < parts:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for group in range(split * groups // parts, (split + 1) * groups // parts):
+            first, end = _groups(split, parts, groups)
+            for group in range(first, end):
                 a_t = _activation_t(h_ptr, h_ptr, expert, offs_m, live_m, group * GROUP_K, max_m,
                                     inter, 0, 0, 0, 1.0, 0.0, GROUP_K, False, DOT_DTYPE)
                 acc = _group_step(acc, q_ptr, s_ptr, a_t, q_base, s_base, group, offs_n, live_n,
@@ -294,7 +282,7 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
-                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    tile = _tile(expert, m_block, n_block, split_blocks, n_blocks)
                     _publish(ws_ptr, tile, acc, BLOCK_N, BLOCK_M)
                     last = _arrive(counter_ptr, tile, parts)
                     if last:
@@ -302,12 +290,3 @@ def w4a8_decode_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
             if last:
                 _store_out(out_ptr, acc, sums_scale, expert, offs_m, live_m, offs_n, live_n, max_m, hidden)
 
-
-def grid(m_programs: int, n: int, block_n: int, experts: int, split_k: int = 1) -> tuple:
-    return (triton.cdiv(n, block_n) * split_k, m_programs, experts)
-
-
-def workspace_slots(experts: int, m_programs: int, n: int, block_n: int, accumulators: int) -> int:
-    """Workspace tiles of a split-K launch: one per (expert, first-round m-block, n-block) and
-    accumulator; the counters are one per tile without the accumulator factor."""
-    return experts * m_programs * triton.cdiv(n, block_n) * accumulators

@@ -24,8 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.w4afp8.triton_decode import _arrive, _store_h, _store_out
+from backends.w4afp8.triton_decode import _store_h, _store_out
 from backends.w4afp8.triton_kernels import _requant
+from backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
 
 # Two int32 words in ($8, $9), eight fp16 pairs out: pair j holds nibble j of each word as q - 8.
 # prmt gathers the low (high) halves of both words into one register; lop3 (immediate 0xEA:
@@ -219,12 +220,8 @@ def w4a8_planes_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     grid = (inter / BLOCK_N * SPLIT_K, m-programs, experts); q_ptr is the prepared int32 weight.
     The K split, its workspace and the hot expert's later m-blocks as in triton_decode. Each
     group's weight scales are loaded one group ahead, so their latency hides behind a group."""
-    n_block = tl.program_id(0) // SPLIT_K
-    split = tl.program_id(0) % SPLIT_K
-    n_blocks = tl.num_programs(0) // SPLIT_K
+    n_block, split, n_blocks, m_program, expert = _program(SPLIT_K)
     groups = hidden // GROUP_K
-    m_program = tl.program_id(1)
-    expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
     in_scale = tl.load(in_scale_ptr).to(tl.float32)
     inv_in_scale = tl.math.div_rn(1.0, in_scale)
@@ -237,12 +234,11 @@ def w4a8_planes_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        parts = _parts(m_block, split_blocks, SPLIT_K)
         if split < parts:
             gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            first = split * groups // parts
-            end = (split + 1) * groups // parts
+            first, end = _groups(split, parts, groups)
             g_scale = _group_scale(s_ptr, s_base, first, offs_n, live_n, weight_rows)
             u_scale = _group_scale(s_ptr, s_base, first, offs_n + inter, live_n, weight_rows)
             for group in range(first, end):
@@ -275,7 +271,7 @@ def w4a8_planes_gemm1_kernel(x_ptr, x_scale_ptr, masked_m_ptr, q_ptr, s_ptr, in_
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
-                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    tile = _tile(expert, m_block, n_block, split_blocks, n_blocks)
                     tl.store(_slot(ws_ptr, tile, 0, split, 2, SPLIT_K, BLOCK_N, BLOCK_M), gate)
                     tl.store(_slot(ws_ptr, tile, 1, split, 2, SPLIT_K, BLOCK_N, BLOCK_M), up)
                     last = _arrive(counter_ptr, tile, parts)
@@ -295,12 +291,8 @@ def w4a8_planes_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
                              MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """out[e, r, n] = bf16((h[e, r] @ W2_e)[n] * s2) for r < masked_m[e]; grid, K split and scale
     prefetch as in GEMM 1, one workspace slot per tile."""
-    n_block = tl.program_id(0) // SPLIT_K
-    split = tl.program_id(0) % SPLIT_K
-    n_blocks = tl.num_programs(0) // SPLIT_K
+    n_block, split, n_blocks, m_program, expert = _program(SPLIT_K)
     groups = inter // GROUP_K
-    m_program = tl.program_id(1)
-    expert = tl.program_id(2)
     rows = tl.minimum(tl.load(masked_m_ptr + expert), max_m)
     in_scale = tl.load(in_scale_ptr).to(tl.float32)
     fp8: tl.constexpr = h_ptr.dtype.element_ty
@@ -311,11 +303,10 @@ def w4a8_planes_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
     for m_block in tl.range(m_program, (rows + BLOCK_M - 1) // BLOCK_M, tl.num_programs(1)):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         live_m = offs_m < rows
-        parts = tl.where(m_block < split_blocks, SPLIT_K, 1)
+        parts = _parts(m_block, split_blocks, SPLIT_K)
         if split < parts:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            first = split * groups // parts
-            end = (split + 1) * groups // parts
+            first, end = _groups(split, parts, groups)
             scale = _group_scale(s_ptr, s_base, first, offs_n, live_n, hidden)
             for group in range(first, end):
                 a_planes = _act_planes(_act_words(h_ptr, expert, offs_m, live_m, group * GROUP_K,
@@ -333,7 +324,7 @@ def w4a8_planes_gemm2_kernel(h_ptr, masked_m_ptr, q_ptr, s_ptr, in_scale_ptr, ou
             last = parts == 1
             if SPLIT_K > 1:
                 if parts > 1:
-                    tile = (expert * split_blocks + m_block) * n_blocks + n_block
+                    tile = _tile(expert, m_block, n_block, split_blocks, n_blocks)
                     tl.store(_slot(ws_ptr, tile, 0, split, 1, SPLIT_K, BLOCK_N, BLOCK_M), acc)
                     last = _arrive(counter_ptr, tile, parts)
                     if last:
