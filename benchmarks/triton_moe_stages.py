@@ -3,12 +3,14 @@ timed alone, then the whole call under alternative configs, on public MoE layers
 one call per rotated input set (as `hal bench moe`), medians.
 
     python benchmarks/triton_moe_stages.py [--points qwen3-30b-a3b:bf16:4096,...,model:fp8_block128:T:w8a8x2]
-                                           [--sweep [tiles,deeper,regrouped,shallower,grouped,per_route]]
+                                           [--sweep [tiles,deeper,regrouped,shallower,grouped,
+                                                     per_route,split_k]]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Optional
 
@@ -126,10 +128,13 @@ REGROUPED = ((True, False), (False, True), (True, True))
 # 0.33.0's GROUP_SIZE_M in its tuned H100 table for gpt-oss-120b at 8 tokens (more than the blocks
 # a call has: the blocks walk each N tile in turn).
 DECODE_GROUP_M = 64
+# At decode, the K splits (GEMM 1, GEMM 2) in place of the rule's (configs.split_k_for), those
+# that leave every split a K step.
+SPLITS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4))
 # --sweep's families of alternatives: other tiles, the wgmma bf16 prefill tiles' predecessors
 # (WIDER_DEEPER), REGROUPED, SHALLOWER, grouping routes by expert where the rule runs a block per
-# route, and a block per route where the rule groups few routes (under an expert map).
-SWEEPS = ("tiles", "deeper", "regrouped", "shallower", "grouped", "per_route")
+# route, a block per route where the rule groups few routes (under an expert map), and SPLITS.
+SWEEPS = ("tiles", "deeper", "regrouped", "shallower", "grouped", "per_route", "split_k")
 # The launches of the grouping column: under w8a8 the first also quantizes x.
 GROUPING_STAGES = ("align", "align_quantize_x", "count_routes", "count_routes_quantize_x", "scatter_routes")
 
@@ -190,6 +195,12 @@ def per_route(kernel, tokens: int):
 
     _swept(kernel, tokens, lambda config: dict(per_route=True, gemm1=together(config.gemm1),
                                                gemm2=together(config.gemm2)))
+
+
+def resplit(kernel, tokens: int, split1: int, split2: int):
+    """The rule's config for `tokens` with K split split1 / split2 ways in GEMM 1 / 2."""
+    _swept(kernel, tokens, lambda config: dict(gemm1=attrs.evolve(config.gemm1, split_k=split1),
+                                               gemm2=attrs.evolve(config.gemm2, split_k=split2)))
 
 
 def shallower(kernel, tokens: int, gemm1_by: int, gemm2_by: int):
@@ -270,9 +281,17 @@ def main(argv=None) -> int:
         if ("per_route" in sweep and not rule.per_route and rule.gemv1 is None
                 and configs.few_routes(spec, rule.tokens_bucket)):
             candidates.append(("per_route",))
+        if "split_k" in sweep and rule.gemv1 is None and rule.block_m <= 32:
+            steps = (math.ceil(spec.hidden_size / rule.gemm1.block_k),
+                     math.ceil(spec.intermediate_size / rule.gemm2.block_k))
+            candidates += [("split_k", *pair) for pair in SPLITS
+                           if pair != (rule.gemm1.split_k, rule.gemm2.split_k)
+                           and pair[0] <= steps[0] and pair[1] <= steps[1]]
         for candidate in candidates:
             if candidate is None:
                 pass
+            elif candidate[0] == "split_k":
+                resplit(kernel, tokens, *candidate[1:])
             elif candidate[0] == "grouped":
                 grouped(kernel, tokens)
             elif candidate[0] == "per_route":

@@ -91,6 +91,12 @@ MAX_GROUP_M = 16
 # (benchmarks/triton_moe_stages.py --sweep regrouped), gpt-oss-120b bf16 at 8 tokens: 494.5 us
 # against 541.0 without groups (GEMM 1 329.4 against 360.5), 513.1 in groups of 16.
 PER_ROUTE_GROUP_M = 64
+# K split over programs (split_k.py) where a decode GEMM's programs would not give every SM one
+# (an EP rank at 1 token: GEMM 1 of one block on deepseek-v3's experts is 64 programs on 132 SMs):
+# powers of two up to SPLIT_K_MAX while the programs stay within PROGRAMS_PER_SM per SM and each
+# split keeps SPLIT_K_MIN_STEPS K steps for its pipeline.
+SPLIT_K_MAX = 8
+SPLIT_K_MIN_STEPS = 4
 # w8a16 prefill on GPUs with wgmma, from this BLOCK_M: GEMM 1 swap-AB (the e4m3 weights scaled into
 # bf16 in registers are wgmma's register operand, x comes straight from memory, so the dots chain
 # on the accumulator and stay in flight; in the usual order the scaled tile is stored to shared
@@ -170,12 +176,14 @@ class GemmConfig:
     num_stages: int
     swap_ab: bool = False  # W @ x.T: the weights dequantized in registers are the dot's first operand
     group_m: int = 1  # blocks that walk the N tiles together (1: each block's N tiles in turn)
+    split_k: int = 1  # programs that share each tile's K steps (split_k.py)
 
     def describe(self) -> str:
         swap = " swap-AB" if self.swap_ab else ""
         group = f" group {self.group_m}" if self.group_m > 1 else ""
+        split = f" split-K {self.split_k}" if self.split_k > 1 else ""
         return (f"BN {self.block_n} BK {self.block_k} warps {self.num_warps} stages {self.num_stages}"
-                f"{swap}{group}")
+                f"{swap}{group}{split}")
 
 
 @attrs.frozen
@@ -528,6 +536,17 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).
         per_route = route_blocks
+        if decode:
+            units = max(routes, 1.0) if per_route else blocks
+            programs1 = units * math.ceil(spec.intermediate_size / gemm1.block_n)
+            programs2 = units * math.ceil(spec.hidden_size / gemm2.block_n)
+            gemm1 = attrs.evolve(gemm1, split_k=split_k_for(programs1, spec.hidden_size, gemm1.block_k, sms))
+            gemm2 = attrs.evolve(gemm2, split_k=split_k_for(programs2, spec.intermediate_size, gemm2.block_k,
+                                                            sms))
+            if max(gemm1.split_k, gemm2.split_k) > 1:
+                reasons.append(f"K split {gemm1.split_k}/{gemm2.split_k} ways (GEMM 1/2): ~{units:.0f} "
+                               f"blocks' N tiles leave SMs idle; the last split of a tile sums the partials "
+                               "in split order and runs the epilogue")
         if per_route:
             reasons.append(f"{bucket * spec.top_k} routes over {spec.num_experts} experts (x "
                            f"{GEMV_ROUTE_SHARE} <= experts): one block per route, its expert read from "
@@ -549,6 +568,18 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
                    f"SM on {sms} SMs where N allows; BLOCK_K fills "
                    f"{GEMV_TILE_VALUES[spec.weight_format]}-value tiles")
     return LaunchConfig(bucket, block_m, gemm1, gemm2, fp8_act, tuple(reasons), gemv1, gemv2)
+
+
+def split_k_for(programs: float, k: int, block_k: int, sms: int) -> int:
+    """How many programs share each tile's K steps: 1 where `programs` give every SM one."""
+    split = 1
+    if programs >= sms:
+        return split
+    steps = math.ceil(k / block_k)
+    while (split * 2 <= SPLIT_K_MAX and programs * split * 2 <= sms * PROGRAMS_PER_SM
+           and steps // (split * 2) >= SPLIT_K_MIN_STEPS):
+        split *= 2
+    return split
 
 
 def _gemv(n: int, k: int, units: float, fmt: str, sms: int) -> GemvConfig:

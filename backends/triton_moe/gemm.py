@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton_moe import repacked_step
+from backends.triton_moe import repacked_step, split_k
 from backends.triton_moe.quant import quantize_remainder, quantize_rows
 from backends.triton_moe.routing import local_expert
 
@@ -236,7 +236,7 @@ def _k_step(acc, acc_up, a_ptr, a_scale_ptr, a_rows, live, w_ptr, s_ptr, expert,
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_scale_ptr, sorted_routes_ptr,
-    block_expert_ptr, topk_weights_ptr, topk_ids_ptr, expert_map_ptr,
+    block_expert_ptr, topk_weights_ptr, topk_ids_ptr, expert_map_ptr, ws_ptr, counter_ptr,
     num_routes, num_experts, N, K, N_TOTAL, stride_we, stride_se, scale_cols, group_size, gate_stride,
     up_offset, swiglu_alpha, swiglu_limit,
     FIRST: tl.constexpr, TOP_K: tl.constexpr, FORMAT: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -245,7 +245,7 @@ def moe_gemm_kernel(
     REPACKED: tl.constexpr, SCALE_HIGH: tl.constexpr, PAIR_FMA: tl.constexpr,
     A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, PER_ROUTE: tl.constexpr, LOCAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """FIRST: out[row] = act(x[token(row)] @ W13[e].T + b13) for the padded rows of one block
     (act of gate and up columns N apart, or interleaved with gate_stride 2). Else:
@@ -258,7 +258,9 @@ def moe_gemm_kernel(
     holding its high terms then its low terms (GEMM 1's fp8 epilogue writes both). A_QUANTIZED: `a`
     is e4m3 with fp32 scales a_scale [rows, scale_cols]; else each K step's tile is quantized here. OUT_FP8
     (FIRST, BLOCK_N 128: each N tile one 128-column group): h is written as e4m3 with its scales in
-    out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between."""
+    out_scale [rows, cdiv(N, 128)], GEMM 2's input as it reads it, with no launch in between.
+    SPLIT_K > 1 (grid axis 1, few blocks): each split walks its share of K and the last to arrive
+    runs the epilogue on the sums (split_k.py); ws_ptr holds the partials, counter_ptr zeros."""
     # N tiles vary fastest: programs running together share one block's activation rows and walk
     # one expert's weights, so both stay in L2 (GEMM 2's [rows, I] input is larger than L2 at
     # prefill and would otherwise be read once per N tile).
@@ -320,7 +322,12 @@ def moe_gemm_kernel(
     # accumulators keep on that path make ptxas serialize every wgmma of the loop (its C7515: repacked
     # mxfp4's GEMM 2, whose decoded weights are wgmma's register operand).
     tl.assume(K > 0)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = 0
+    k_hi = K
+    if SPLIT_K > 1:
+        k_lo, k_hi = split_k.k_range(K, BLOCK_K, SPLIT_K)
+        tl.assume(k_hi > k_lo)  # the rule splits only K of at least SPLIT_K steps
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if PAIRED:
             acc_pair = repacked_step.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,
                                               pair_ok, k0, K, N_TOTAL, stride_we, stride_se, FORMAT == 3,
@@ -334,6 +341,22 @@ def moe_gemm_kernel(
                                   gate_rows, up_rows, n_ok, k0, K, N_TOTAL, stride_we, stride_se, scale_cols,
                                   group_size, FORMAT, A_FP8, A_TERMS, A_QUANTIZED, DOT_F32, MXFP4_DOT_SCALED,
                                   A_FORMAT, GATED, BLOCK_K, BLOCK_N, SWAP_AB)
+    if SPLIT_K > 1:
+        PARTS: tl.constexpr = 2 if GATED and not PAIRED else 1
+        if PAIRED:
+            split_k.park(acc_pair, ws_ptr, pid, 0, PARTS, SPLIT_K)
+        else:
+            split_k.park(acc, ws_ptr, pid, 0, PARTS, SPLIT_K)
+            if GATED:
+                split_k.park(acc_up, ws_ptr, pid, 1, PARTS, SPLIT_K)
+        if not split_k.arrive(counter_ptr, pid, SPLIT_K):
+            return
+        if PAIRED:
+            acc_pair = split_k.ordered_sum(acc_pair, ws_ptr, pid, 0, PARTS, SPLIT_K)
+        else:
+            acc = split_k.ordered_sum(acc, ws_ptr, pid, 0, PARTS, SPLIT_K)
+            if GATED:
+                acc_up = split_k.ordered_sum(acc_up, ws_ptr, pid, 1, PARTS, SPLIT_K)
     if PAIRED:
         if SWAP_AB:
             acc_pair = tl.trans(acc_pair)

@@ -18,7 +18,7 @@ import attrs
 import torch
 import triton
 
-from backends.triton_moe import configs, int4_repacked, mxfp4_repacked
+from backends.triton_moe import configs, int4_repacked, mxfp4_repacked, split_k
 from backends.triton_moe.gemm import moe_gemm_kernel
 from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
 from backends.triton_moe.plan import TritonMoEPlan
@@ -265,20 +265,25 @@ class TritonMoEKernel(MoEKernel):
     def _gemm(self, first: bool, a, a_scale, w, s, bias, out, out_scale, sorted_routes, block_expert,
               topk_weights, ids, id_map, has_map: bool, num_routes: int, n: int, k: int, n_total: int,
               gate_stride: int, up_offset: int, block_m: int, gemm: configs.GemmConfig, fp8_act: bool,
-              act_terms: int, per_route: bool, scale_high: bool):
+              act_terms: int, per_route: bool, scale_high: bool, split: Optional[tuple]):
         """One expert GEMM launch. a_scale: the e4m3 input's scales (None: a is 16-bit, quantized in
         registers under w8a8); out_scale: GEMM 1 writes e4m3 + these scales (None: out's dtype);
         act_terms: e4m3 terms per quantized activation (each row holds them one after another, in
-        units of the row's one scale per 128 columns)."""
+        units of the row's one scale per 128 columns); split: (workspace, zeroed counters) where
+        gemm.split_k > 1."""
         spec = self.spec
         fmt = spec.weight_format
         group = (k if spec.group_size == -1 else spec.group_size) if fmt == "int4_g128" else 128
         blocks = num_routes if per_route else block_expert.shape[0]
-        grid = (blocks * triton.cdiv(n, gemm.block_n),)
-        moe_gemm_kernel[grid](
+        tiles = blocks * triton.cdiv(n, gemm.block_n)
+        if gemm.split_k > triton.cdiv(k, gemm.block_k):
+            raise ValueError(f"split_k={gemm.split_k}: more than the {triton.cdiv(k, gemm.block_k)} K steps "
+                             f"of {'GEMM 1' if first else 'GEMM 2'} (each split walks at least one)")
+        ws, counters = (w, w) if split is None else split  # any tensor where K is not split
+        moe_gemm_kernel[(tiles, gemm.split_k)](
             a, w if a_scale is None else a_scale, w, w if s is None else s, w if bias is None else bias,
             out, w if out_scale is None else out_scale, sorted_routes, block_expert,
-            topk_weights, ids, id_map, num_routes, spec.num_experts, n, k, n_total, w.stride(0),
+            topk_weights, ids, id_map, ws, counters, num_routes, spec.num_experts, n, k, n_total, w.stride(0),
             0 if s is None else s.stride(0), math.ceil(k / 128), group, gate_stride, up_offset,
             float(spec.swiglu_alpha), float(spec.swiglu_limit),
             FIRST=first, TOP_K=spec.top_k, FORMAT=configs.FORMAT_CODES[fmt],
@@ -290,7 +295,7 @@ class TritonMoEKernel(MoEKernel):
             A_FORMAT="fp16" if spec.act_dtype == "float16" else "bf16",
             BLOCK_M=block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, SWAP_AB=gemm.swap_ab,
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
-            num_warps=gemm.num_warps, num_stages=gemm.num_stages)
+            SPLIT_K=gemm.split_k, num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
         for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
@@ -415,16 +420,20 @@ class TritonMoEKernel(MoEKernel):
                 PROGRAMS_POW2=triton.next_power_of_2(programs), BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
                 num_warps=ALIGN_WARPS)
 
+        blocks = routes if per_route else max_blocks
+        split1, split2 = split_k.scratch(blocks, bm, (I, config.gemm1, spec.gated), (H, config.gemm2, False),
+                                         device=device)
+
         def gemm1():
             self._gemm(True, x_q, x_scale, data.w13, data.s13, data.b13, h, h_scale, sorted_routes,
                        block_expert, weights, ids, id_map, has_map, routes, I, H, spec.w13_rows,
                        data.gate_stride, data.up_offset, bm, config.gemm1, config.fp8_act, terms, per_route,
-                       data.scale_high)
+                       data.scale_high, split1)
 
         def gemm2():
             self._gemm(False, h, h_scale, data.w2, data.s2, data.b2, y, None, sorted_routes, block_expert,
                        weights, ids, id_map, has_map, routes, H, I, H, 1, 0, bm, config.gemm2,
-                       config.fp8_act, terms, per_route, data.scale_high)
+                       config.fp8_act, terms, per_route, data.scale_high, split2)
 
         def top_k_sum():
             sum_routes_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](

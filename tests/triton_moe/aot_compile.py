@@ -26,16 +26,17 @@ from hal.backend import Target
 from hal.testing.triton_aot import ast_source
 
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+|v_wmma\w+|tcgen05\.mma[\w.]*)")
-# format -> (layer, token counts): the repacked mxfp4 path's every tile shape, the others' decode
-# and prefill tiles
-CASES = {"mxfp4": ("gpt-oss-120b", (1, 512, 4096)), "bf16": ("qwen3-30b-a3b", (1, 4096)),
-         "fp8_block128": ("qwen3-30b-a3b", (1, 4096)), "int4_g128": ("qwen3-30b-a3b", (1, 4096))}
+# (format, layer, local experts, token counts): the repacked mxfp4 path's every tile shape, the
+# others' decode and prefill tiles, and an EP rank at 1 token, whose GEMMs split K
+CASES = (("mxfp4", "gpt-oss-120b", None, (1, 512, 4096)), ("bf16", "qwen3-30b-a3b", None, (1, 4096)),
+         ("fp8_block128", "qwen3-30b-a3b", None, (1, 4096)), ("int4_g128", "qwen3-30b-a3b", None, (1, 4096)),
+         ("int4_g128", "deepseek-v3", 32, (1,)))
 # format -> (weights, scales) as prepare_weights hands them to the kernel
 WEIGHTS = {"mxfp4": ("*i32", "*i32"), "bf16": ("*bf16", "*bf16"), "fp8_block128": ("*fp8e4nv", "*fp32"),
            "int4_g128": ("*i32", "*bf16")}
 POINTERS = dict(a_ptr="*bf16", bias_ptr="*fp32", out_ptr="*bf16", sorted_routes_ptr="*i32",
                 block_expert_ptr="*i32", topk_weights_ptr="*fp32", topk_ids_ptr="*i32",
-                expert_map_ptr="*i32")
+                expert_map_ptr="*i32", ws_ptr="*fp32", counter_ptr="*i32")
 FLOATS = ("swiglu_alpha", "swiglu_limit")
 # integer arguments that hold multiples of 16 for every CASES layer: a real launch specializes them
 # (and every pointer) as such, which lets Triton vectorize and pipeline the tile loads
@@ -74,8 +75,8 @@ def compile_all(profile: str) -> list:
     caps = hal.probe(profile=profile)
     gpu = caps.gpus[0]
     results = []
-    for fmt, (model, tokens_list) in CASES.items():
-        spec = presets.get(model).spec(fmt)
+    for fmt, model, local, tokens_list in CASES:
+        spec = presets.get(model).spec(fmt, **({} if local is None else {"num_local_experts": local}))
         if not backend.check(spec, Target("cuda:0", caps)).ok:
             continue
         seen = set()
@@ -93,13 +94,14 @@ def compile_all(profile: str) -> list:
                     PAIR_FMA=fmt in ("mxfp4", "int4_g128") and gpu.vendor == "nvidia", A_FORMAT="bf16",
                     BLOCK_M=choice.block_m, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k,
                     SWAP_AB=gemm.swap_ab, PER_ROUTE=False, LOCAL_EXPERTS=spec.local_experts,
-                    HAS_MAP=False, GROUP_M=gemm.group_m)
+                    HAS_MAP=spec.is_ep, GROUP_M=gemm.group_m, SPLIT_K=gemm.split_k)
                 kernel = triton.compile(source(fmt, constexprs), target=gpu_target(gpu),
                                         options=dict(num_warps=gemm.num_warps, num_stages=gemm.num_stages))
                 asm = kernel.asm.get("amdgcn" if gpu.vendor == "amd" else "ptx", "")
                 arch = gpu_target(gpu).arch
-                results.append(dict(format=fmt, tokens=tokens, gemm=1 if first else 2,
+                results.append(dict(format=fmt, tokens=tokens, gemm=1 if first else 2, ep=spec.is_ep,
                                     block_m=choice.block_m, block_n=gemm.block_n, swap_ab=gemm.swap_ab,
+                                    split_k=gemm.split_k,
                                     shared=kernel.metadata.shared, smem_limit=gpu.smem_per_block_optin,
                                     mma=sorted(set(MMA.findall(asm))), pair_fma="fma.rn.bf16x2" in asm,
                                     serialized_wgmma=arch == 90 and serialized_wgmma(asm, arch)))

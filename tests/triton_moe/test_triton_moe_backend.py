@@ -158,8 +158,8 @@ def test_fp8_default_is_w8a8x2_up_to_64_row_blocks_on_wgmma_gpus(profile):
     if expected:
         prefill = configs.choose(qwen, gpu, 512)
         assert prefill.block_m == 64 and prefill.h_fp8
-        assert attrs.asdict(prefill.gemm1) == dict(configs.W8A8X2_PREFILL_GEMM1, group_m=1)
-        assert attrs.asdict(prefill.gemm2) == dict(configs.W8A8X2_PREFILL_GEMM2, group_m=1)
+        assert attrs.asdict(prefill.gemm1) == dict(configs.W8A8X2_PREFILL_GEMM1, group_m=1, split_k=1)
+        assert attrs.asdict(prefill.gemm2) == dict(configs.W8A8X2_PREFILL_GEMM2, group_m=1, split_k=1)
     if gpu.vendor == "nvidia":
         assert configs.choose(ep_rank, gpu, 1).gemv1 is not None
     forced = configs.choose(qwen, gpu, 64, fp8_act=False)

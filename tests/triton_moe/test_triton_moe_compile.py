@@ -2,9 +2,9 @@
 configs the rule picks for recorded profiles of GPUs this machine need not have: AMD CDNA3 and
 RDNA3, where no kernel has run on hardware, every format each supports, and the H200, whose
 repacked mxfp4 and int4 swap-AB tiles must reach wgmma with their decode's bf16x2 FMAs (inline
-PTX, so ptxas must accept it) and no GEMM may have its wgmmas serialized by ptxas. Each must lower to a
-bf16 matrix instruction of its architecture (the 16-bit dot every format's weights are dequantized
-to) and fit its shared memory."""
+PTX, so ptxas must accept it) and no GEMM may have its wgmmas serialized by ptxas, K split or
+not. Each must lower to a bf16 matrix instruction of its architecture (the 16-bit dot every
+format's weights are dequantized to) and fit its shared memory."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def test_amd_lowers_every_format_to_its_bf16_matrix_instruction(profile, instruc
 def test_h200_swap_ab_tiles_reach_wgmma():
     cases = compiled("h200")
     assert any(c["swap_ab"] for c in cases)
+    # the EP rank at 1 token splits K in both GEMMs, its wgmmas still in flight across K steps
+    assert {(c["gemm"], c["split_k"]) for c in cases if c["ep"]} == {(1, 4), (2, 2)}
     assert all(c["pair_fma"] == (c["format"] in ("mxfp4", "int4_g128")) for c in cases)
     assert not [c for c in cases if c["serialized_wgmma"]]
     for case in cases:

@@ -14,8 +14,10 @@ import torch
 
 import hal
 from backends.reference import activation, dequant
+from backends.triton_moe import configs
 from backends.triton_moe import kernel as kernel_module
 from backends.triton_moe.kernel import TritonMoEKernel
+from hal import presets
 from hal.backend import Target
 from hal.synth import random_expert_map, random_routing, random_tokens
 from hal.testing import ACCURACY, is_poison, poison, rel_err
@@ -139,6 +141,75 @@ def test_per_route_blocks(fmt, activation, H, I, oracle, weights_for):
     plan = kernel.plan(2)
     assert plan.config.per_route and plan.launches == 3
     run_layer(spec, 2, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
+def split_k_kernel(spec, tokens, split1, split2, **options):
+    """The rule's kernel with K split split1 / split2 ways in GEMM 1 / 2 at `tokens`."""
+    kernel = TritonMoEKernel(spec, CPU, **options)
+    config = kernel.config(tokens)
+    kernel._configs[config.tokens_bucket] = attrs.evolve(
+        config, gemm1=attrs.evolve(config.gemm1, split_k=split1),
+        gemm2=attrs.evolve(config.gemm2, split_k=split2))
+    return kernel
+
+
+@pytest.mark.parametrize("fmt,activation,ep,split1,split2,options", [
+    ("int4_g128", "swiglu_oai", True, 4, 2, {}),  # repacked: gate and up rows in one swap-AB tile
+    ("int4_g128", "silu", False, 3, 2, {"int4_path": "checkpoint"}),  # an odd split of 8 K steps
+    ("bf16", "silu", True, 2, 4, {}),  # gate and up, two accumulators
+    ("bf16", "relu2", False, 4, 1, {"gemv": False}),  # per-route blocks, one accumulator
+    ("fp8_block128", "swiglu_oai", True, 2, 2, {"fp8_act": True}),  # w8a8: h quantized in GEMM 2
+    ("mxfp4", "silu", False, 2, 3, {}),
+])
+def test_split_k(fmt, activation, ep, split1, split2, options, oracle, oracle_w8a8, weights_for):
+    """K split over programs: each split stores its partial, the last to arrive sums them in split
+    order and runs the epilogue; with bias, EP maps and dropped routes."""
+    per_route = options.get("gemv") is False  # 2 tokens x 2 routes x 4 <= 16 experts
+    tokens, experts = (2, 16) if per_route else (3, 8)
+    spec = small_spec(fmt, activation, bias=True, ep=ep, experts=experts, H=1024, I=512)
+    kernel = split_k_kernel(spec, tokens, split1, split2, **options)
+    plan = kernel.plan(tokens)
+    assert (plan.config.gemm1.split_k, plan.config.gemm2.split_k) == (split1, split2)
+    assert plan.config.per_route == per_route
+    if options.get("fp8_act"):
+        oracle = functools.partial(oracle_w8a8, h_fp8=plan.config.h_fp8)
+    run_layer(spec, tokens, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
+def test_split_k_runs_again_on_its_scratch(oracle, weights_for):
+    """The last split of a tile sets its counter back to zero: GEMM 1 and GEMM 2 launched a second
+    time over the same scratch (as a benchmark timing one stage does) write the same output."""
+    spec = small_spec("int4_g128", "silu", ep=True, experts=8, H=1024, I=256)
+    kernel = split_k_kernel(spec, 2, 4, 2)
+    w = kernel.prepare_weights(weights_for(spec, 0, "cpu"))
+    x = random_tokens(spec, 2, seed=2)
+    tw, ti = random_routing(spec, 2, seed=3)
+    out = poison(torch.empty_like(x))
+    call = kernel.launches(x, tw, ti, w.data, out)
+    for _, launch in call.stages:
+        launch()
+    first = out.clone()
+    out.copy_(poison(torch.empty_like(x)))
+    for _, launch in call.stages:
+        launch()
+    assert torch.equal(out, first)
+
+
+def test_split_k_rule():
+    """The rule splits K only where a decode GEMM's programs would leave SMs idle, and keeps whole
+    pipelines per split: deepseek-v3's EP rank at 1 token on an H200 (one block: GEMM 1's 64 and
+    GEMM 2's 112 N tiles for 132 SMs)."""
+    gpu = hal.probe(profile="h200").gpus[0]
+    rank = presets.get("deepseek-v3").spec("int4_g128", num_local_experts=32)
+    one = configs.choose(rank, gpu, 1)
+    assert (one.gemm1.split_k, one.gemm2.split_k) == (4, 2)
+    assert any("K split 4/2" in r for r in one.reasons)
+    assert configs.choose(rank, gpu, 8).gemm1.split_k == 1  # 8 blocks: 512 programs
+    whole = presets.get("qwen3-30b-a3b").spec("int4_g128")
+    assert configs.choose(whole, gpu, 1).gemm1.split_k == 1
+    assert configs.split_k_for(64, 7168, 128, 132) == 4
+    assert configs.split_k_for(10, 512, 128, 132) == 1  # 4 K steps: one split would hold fewer than 4
+    assert configs.split_k_for(200, 7168, 128, 132) == 1
 
 
 @pytest.mark.parametrize("path", ["repacked", "checkpoint"])

@@ -327,6 +327,48 @@ def test_per_route_blocks(fmt, oracle, weights_for):
     run_case(spec, 3, oracle, weights_for, kernel=kernel, drop=0.2)
 
 
+@pytest.mark.parametrize("fmt,activation,splits", [
+    ("int4_g128", "swiglu_oai", (4, 2)),  # repacked: gate and up rows in one swap-AB tile
+    ("bf16", "silu", (3, 2)),  # gate and up, two accumulators; a split of uneven K steps
+    ("fp8_block128", "relu2", (2, 4)),
+    ("mxfp4", "silu", (8, 2)),
+])
+def test_split_k(fmt, activation, splits, oracle, weights_for):
+    """K split over programs at decode, the last split of a tile summing the partials in split
+    order (the rule splits where a call's blocks leave SMs idle; here forced), with bias, EP and
+    dropped routes; run twice, as the counters must be back at zero after a call."""
+    spec = make_spec(fmt, activation, bias=True, ep=True, experts=16, shape=(1024, 512))
+    kernel = TritonMoEKernel(spec, cuda_target())
+    config = kernel.config(2)
+    kernel._configs[config.tokens_bucket] = attrs.evolve(
+        config, gemm1=attrs.evolve(config.gemm1, split_k=splits[0]),
+        gemm2=attrs.evolve(config.gemm2, split_k=splits[1]))
+    first = run_case(spec, 2, oracle, weights_for, kernel=kernel, drop=0.2)
+    assert torch.equal(run_case(spec, 2, oracle, weights_for, kernel=kernel, drop=0.2), first)
+
+
+def test_split_k_by_the_rule_on_an_ep_rank(oracle, weights_for):
+    """deepseek-v3's expert shapes on an EP rank at 1 token, its routes on two local experts and
+    elsewhere: one block's N tiles per expert for the GPU's SMs, so the rule splits K in both
+    GEMMs."""
+    spec = hal.MoESpec(num_experts=16, top_k=8, hidden_size=7168, intermediate_size=2048,
+                       weight_format="int4_g128", num_local_experts=2)
+    kernel = TritonMoEKernel(spec, cuda_target())
+    config = kernel.config(1)
+    assert config.gemm1.split_k > 1 and config.gemm2.split_k > 1
+    w = weights_for(spec, 0, DEVICE)
+    local = torch.nonzero(w.expert_map >= 0).flatten()
+    others = torch.nonzero(w.expert_map < 0).flatten()
+    ids = torch.cat([local, others[:spec.top_k - 2]]).view(1, -1).to(torch.int32)
+    tw = torch.rand(1, spec.top_k, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    x = random_tokens(spec, 1, seed=2, device=DEVICE)
+    out = poison(torch.empty_like(x))
+    kernel(x, tw, ids, kernel.prepare_weights(w), out=out, check=False)
+    torch.cuda.synchronize()
+    assert not bool(is_poison(out).any())
+    assert rel_err(out.cpu(), oracle(spec, x.cpu(), tw.cpu(), ids.cpu(), _cpu(w))) <= ACCURACY
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_decode_gemv(fmt, activation, oracle, weights_for):
