@@ -232,9 +232,10 @@ class PeerCall:
         blocks = self.expert_ids.shape[0]
         if self.programs == 1:
             align_routes_kernel[(1,)](
-                ids, id_map, self.sorted_ids, self.expert_ids, self.cursor, routes, spec.num_experts,
-                self.max_padded, blocks, LOCAL_EXPERTS=spec.local_experts, BINS=self.bins, BLOCK_M=bm,
-                CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+                ids, id_map, self.sorted_ids, self.expert_ids, self.cursor, self.cursor, routes,
+                spec.num_experts, self.max_padded, blocks, 0, LOCAL_EXPERTS=spec.local_experts,
+                BINS=self.bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
+                ZERO_COUNTERS=False, num_warps=ALIGN_WARPS)
             return
         count_routes_kernel[(self.programs,)](
             ids, id_map, self.counts, self.sorted_ids, routes, spec.num_experts, self.max_padded,

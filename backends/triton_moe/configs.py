@@ -91,12 +91,15 @@ MAX_GROUP_M = 16
 # (benchmarks/triton_moe_stages.py --sweep regrouped), gpt-oss-120b bf16 at 8 tokens: 494.5 us
 # against 541.0 without groups (GEMM 1 329.4 against 360.5), 513.1 in groups of 16.
 PER_ROUTE_GROUP_M = 64
-# K split over programs (split_k.py) where a decode GEMM's programs would not give every SM one
-# (an EP rank at 1 token: GEMM 1 of one block on deepseek-v3's experts is 64 programs on 132 SMs):
-# powers of two up to SPLIT_K_MAX while the programs stay within PROGRAMS_PER_SM per SM and each
-# split keeps SPLIT_K_MIN_STEPS K steps for its pipeline.
+# K split over programs (split_k.py) where a decode GEMM of 4-bit weights would not give every SM
+# a program (an EP rank at 1 token: GEMM 1 of one block on deepseek-v3's experts is 64 programs on
+# 132 SMs, each stage of each holding 4 KB of weights): powers of two up to SPLIT_K_MAX while the
+# programs stay within PROGRAMS_PER_SM per SM and each split keeps SPLIT_K_MIN_STEPS K steps. On
+# an H100 (benchmarks/triton_moe_stages.py --sweep split_k, deepseek-v3's EP rank at 1 token),
+# int4 GEMM 1 took 17.0-17.2 us split 2, 4 or 8 ways against 22.2 whole, and GEMM 2 (16 K steps)
+# 11.2-12.2 split against 10.5; bf16 GEMM 1, whose stages hold 16 KB, 36.0-38.1 split against 33.9.
 SPLIT_K_MAX = 8
-SPLIT_K_MIN_STEPS = 4
+SPLIT_K_MIN_STEPS = 16
 # w8a16 prefill on GPUs with wgmma, from this BLOCK_M: GEMM 1 swap-AB (the e4m3 weights scaled into
 # bf16 in registers are wgmma's register operand, x comes straight from memory, so the dots chain
 # on the accumulator and stay in flight; in the usual order the scaled tile is stored to shared
@@ -536,7 +539,7 @@ def choose(spec, gpu, tokens: int, fp8_act: Union[bool, str, None] = None, gemv:
         # are elsewhere and the local ones share experts more often (deepseek-v3's EP rank at 8
         # tokens: 146.2 us per route against 128.5 grouped).
         per_route = route_blocks
-        if decode:
+        if decode and _weight_bits(spec.weight_format) == 4:
             units = max(routes, 1.0) if per_route else blocks
             programs1 = units * math.ceil(spec.intermediate_size / gemm1.block_n)
             programs2 = units * math.ceil(spec.hidden_size / gemm2.block_n)

@@ -375,6 +375,13 @@ class TritonMoEKernel(MoEKernel):
             x_q = torch.empty(M, terms * H, dtype=fp8, device=device)
             x_scale = torch.empty(M, math.ceil(H / FP8_GROUP), dtype=torch.float32, device=device)
 
+        blocks = routes if per_route else max_blocks
+        programs, chunk = align_programs(routes)
+        # The one-program grouping zeroes the K-split counters (w8a8's grouping launch does not).
+        zeroing = not per_route and programs == 1 and not config.fp8_act
+        counters, (split1, split2) = split_k.scratch(blocks, bm, (I, config.gemm1, spec.gated),
+                                                     (H, config.gemm2, False), zeroed_by_grouping=zeroing,
+                                                     device=device)
         groups = math.ceil(H / FP8_GROUP)
         parts = triton.cdiv(groups, QUANT_GROUPS_PER_PROGRAM)  # quantizing programs per row of x
 
@@ -386,9 +393,11 @@ class TritonMoEKernel(MoEKernel):
 
         def align():
             align_routes_kernel[(1,)](
-                ids, id_map, sorted_routes, block_expert, cursor, routes, spec.num_experts, max_padded,
-                max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
-                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, num_warps=ALIGN_WARPS)
+                ids, id_map, sorted_routes, block_expert, cursor, cursor if counters is None else counters,
+                routes, spec.num_experts, max_padded, max_blocks, 0 if counters is None else counters.numel(),
+                LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
+                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, ZERO_COUNTERS=counters is not None and zeroing,
+                num_warps=ALIGN_WARPS)
 
         def align_quantize_x():
             align_and_quantize_kernel[(1 + M * parts,)](
@@ -397,7 +406,6 @@ class TritonMoEKernel(MoEKernel):
                 BLOCK_M=bm, CHUNK=ALIGN_CHUNK, BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
                 GROUPS=QUANT_GROUPS_PER_PROGRAM, TERMS=terms, num_warps=ALIGN_WARPS)
 
-        programs, chunk = align_programs(routes)
         counts = torch.empty(programs, bins, dtype=torch.int32, device=device)
         cursors = torch.empty(programs, bins, dtype=torch.int32, device=device)
 
@@ -419,10 +427,6 @@ class TritonMoEKernel(MoEKernel):
                 max_blocks, LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=chunk,
                 PROGRAMS_POW2=triton.next_power_of_2(programs), BLOCK_CHUNK=block_chunk, HAS_MAP=has_map,
                 num_warps=ALIGN_WARPS)
-
-        blocks = routes if per_route else max_blocks
-        split1, split2 = split_k.scratch(blocks, bm, (I, config.gemm1, spec.gated), (H, config.gemm2, False),
-                                         device=device)
 
         def gemm1():
             self._gemm(True, x_q, x_scale, data.w13, data.s13, data.b13, h, h_scale, sorted_routes,

@@ -25,13 +25,20 @@ def local_expert(topk_ids_ptr, expert_map_ptr, route, num_routes, num_experts,
 
 @triton.jit
 def align_routes_kernel(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr, cursor_ptr,
-                        num_routes, num_experts, max_padded, max_blocks,
+                        counter_ptr, num_routes, num_experts, max_padded, max_blocks, num_counters,
                         LOCAL_EXPERTS: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, HAS_MAP: tl.constexpr):
-    """One program: align_routes."""
+                        CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, HAS_MAP: tl.constexpr,
+                        ZERO_COUNTERS: tl.constexpr):
+    """One program: align_routes; with ZERO_COUNTERS also the GEMMs' K-split counters
+    (split_k.py), which saves the call a memset launch."""
     align_routes(topk_ids_ptr, expert_map_ptr, sorted_routes_ptr, block_expert_ptr, cursor_ptr, num_routes,
                  num_experts, max_padded, max_blocks, LOCAL_EXPERTS, BINS, BLOCK_M, CHUNK, BLOCK_CHUNK,
                  HAS_MAP)
+    if ZERO_COUNTERS:
+        lanes = tl.arange(0, CHUNK)
+        for start in range(0, num_counters, CHUNK):
+            tl.store(counter_ptr + start + lanes, tl.zeros([CHUNK], dtype=tl.int32),
+                     mask=start + lanes < num_counters)
 
 
 @triton.jit

@@ -12,15 +12,17 @@ import triton
 import triton.language as tl
 
 
-def scratch(blocks: int, block_m: int, *gemms, device) -> list:
-    """(fp32 partials, int32 counters) of each GEMM given as (N, GemmConfig, gate and up
-    accumulators), or None where it does not split K. The counters of all the GEMMs are one zeroed
-    allocation (one memset); the last split of a tile sets its counter back to zero, so launches
-    run again over the same scratch (a benchmark timing one stage) find them zeroed."""
+def scratch(blocks: int, block_m: int, *gemms, zeroed_by_grouping: bool, device) -> tuple:
+    """(counters, [(fp32 partials, int32 counters) of each GEMM given as (N, GemmConfig, gate and
+    up accumulators), or None where it does not split K]). The counters of all the GEMMs are one
+    allocation, zeroed here (a memset) unless the grouping launch zeroes it; the last split of a
+    tile sets its counter back to zero, so launches run again over the same scratch (a benchmark
+    timing one stage) find them zeroed."""
     tiles = [blocks * triton.cdiv(n, gemm.block_n) if gemm.split_k > 1 else 0 for n, gemm, _ in gemms]
     if not any(tiles):
-        return [None] * len(gemms)
-    counters = torch.zeros(sum(tiles), dtype=torch.int32, device=device)
+        return None, [None] * len(gemms)
+    counters = (torch.empty if zeroed_by_grouping else torch.zeros)(sum(tiles), dtype=torch.int32,
+                                                                     device=device)
     out, start = [], 0
     for (_, gemm, gated), count in zip(gemms, tiles, strict=True):
         if not count:
@@ -29,7 +31,7 @@ def scratch(blocks: int, block_m: int, *gemms, device) -> list:
         elements = count * (2 if gated else 1) * gemm.split_k * block_m * gemm.block_n
         out.append((torch.empty(elements, dtype=torch.float32, device=device), counters[start:start + count]))
         start += count
-    return out
+    return counters, out
 
 
 @triton.jit

@@ -196,19 +196,22 @@ def test_split_k_runs_again_on_its_scratch(oracle, weights_for):
 
 
 def test_split_k_rule():
-    """The rule splits K only where a decode GEMM's programs would leave SMs idle, and keeps whole
-    pipelines per split: deepseek-v3's EP rank at 1 token on an H200 (one block: GEMM 1's 64 and
-    GEMM 2's 112 N tiles for 132 SMs)."""
+    """The rule splits K only where a decode GEMM of 4-bit weights would leave SMs idle, and keeps
+    16 K steps per split: deepseek-v3's EP rank at 1 token on an H200 (one block: GEMM 1's 64 N
+    tiles of 56 K steps for 132 SMs; GEMM 2's 16 K steps stay whole), not in bf16."""
     gpu = hal.probe(profile="h200").gpus[0]
     rank = presets.get("deepseek-v3").spec("int4_g128", num_local_experts=32)
     one = configs.choose(rank, gpu, 1)
-    assert (one.gemm1.split_k, one.gemm2.split_k) == (4, 2)
-    assert any("K split 4/2" in r for r in one.reasons)
+    assert (one.gemm1.split_k, one.gemm2.split_k) == (2, 1)
+    assert any("K split 2/1" in r for r in one.reasons)
     assert configs.choose(rank, gpu, 8).gemm1.split_k == 1  # 8 blocks: 512 programs
+    bf16 = presets.get("deepseek-v3").spec("bf16", num_local_experts=32)
+    assert configs.choose(bf16, gpu, 1).gemm1.split_k == 1
     whole = presets.get("qwen3-30b-a3b").spec("int4_g128")
     assert configs.choose(whole, gpu, 1).gemm1.split_k == 1
-    assert configs.split_k_for(64, 7168, 128, 132) == 4
-    assert configs.split_k_for(10, 512, 128, 132) == 1  # 4 K steps: one split would hold fewer than 4
+    assert configs.split_k_for(64, 7168, 128, 132) == 2
+    assert configs.split_k_for(16, 14336, 128, 132) == 4  # 112 K steps: 8 splits would hold 14
+    assert configs.split_k_for(10, 2048, 128, 132) == 1  # 16 K steps: a split would hold fewer
     assert configs.split_k_for(200, 7168, 128, 132) == 1
 
 

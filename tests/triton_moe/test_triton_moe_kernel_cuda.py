@@ -349,13 +349,13 @@ def test_split_k(fmt, activation, splits, oracle, weights_for):
 
 def test_split_k_by_the_rule_on_an_ep_rank(oracle, weights_for):
     """deepseek-v3's expert shapes on an EP rank at 1 token, its routes on two local experts and
-    elsewhere: one block's N tiles per expert for the GPU's SMs, so the rule splits K in both
-    GEMMs."""
+    elsewhere: one block's N tiles per expert for the GPU's SMs, so the rule splits GEMM 1's K (the
+    grouping launch zeroing the counters)."""
     spec = hal.MoESpec(num_experts=16, top_k=8, hidden_size=7168, intermediate_size=2048,
                        weight_format="int4_g128", num_local_experts=2)
     kernel = TritonMoEKernel(spec, cuda_target())
     config = kernel.config(1)
-    assert config.gemm1.split_k > 1 and config.gemm2.split_k > 1
+    assert config.gemm1.split_k > 1
     w = weights_for(spec, 0, DEVICE)
     local = torch.nonzero(w.expert_map >= 0).flatten()
     others = torch.nonzero(w.expert_map < 0).flatten()
