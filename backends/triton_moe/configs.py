@@ -96,7 +96,7 @@ PER_ROUTE_GROUP_M = 64
 # 132 SMs, each stage of each holding 4 KB of weights): powers of two up to SPLIT_K_MAX while the
 # programs stay within PROGRAMS_PER_SM per SM and each split keeps SPLIT_K_MIN_STEPS K steps. On
 # an H100 (benchmarks/triton_moe_stages.py --sweep split_k, deepseek-v3's EP rank at 1 token),
-# int4 GEMM 1 took 17.0-17.2 us split 2, 4 or 8 ways against 22.2 whole, and GEMM 2 (16 K steps)
+# int4 GEMM 1 took 17.0-17.9 us split 2, 4 or 8 ways against 22.2 whole, and GEMM 2 (16 K steps)
 # 11.2-12.2 split against 10.5; bf16 GEMM 1, whose stages hold 16 KB, 36.0-38.1 split against 33.9.
 SPLIT_K_MAX = 8
 SPLIT_K_MIN_STEPS = 16

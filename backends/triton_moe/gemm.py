@@ -326,7 +326,7 @@ def moe_gemm_kernel(
     k_hi = K
     if SPLIT_K > 1:
         k_lo, k_hi = split_k.k_range(K, BLOCK_K, SPLIT_K)
-        tl.assume(k_hi > k_lo)  # the rule splits only K of at least SPLIT_K steps
+        tl.assume(k_hi > k_lo)  # the launch holds split_k to at most the K steps
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if PAIRED:
             acc_pair = repacked_step.dot_step(acc_pair, a_ptr, a_rows, live, w_ptr, s_ptr, expert, pair_rows,

@@ -3,7 +3,8 @@ idle (an EP rank at decode: deepseek-v3's 32 local experts see about one of 8 ro
 GEMM 1 has one block's 64 N tiles for 132 SMs). Split `split` of SPLIT_K walks its share of the K
 steps, stores its fp32 partial in a slot of its own and counts itself in on the tile's counter; the
 last to arrive sums the slots in split order, so the bytes out do not depend on which split came
-last, and runs the epilogue. Only the counters need zeros per call."""
+last, and runs the epilogue. Only the counters start each call at zero (zeroed by the grouping
+launch, or a memset); the workspace is written before it is read."""
 
 from __future__ import annotations
 
