@@ -27,7 +27,7 @@ SELECTED = (
     ("tests/marlin/test_marlin_cuda.py", "skewed_routings or baselines_are_correct or expert_map"),
     ("tests/triton_moe/test_triton_moe_kernel_cuda.py",
      "w8a8 or (mxfp4_paths and repacked) or (per_route_blocks and mxfp4) or (token_counts and 700 and fp8) "
-     "or int4_paths or int4_per_channel or (split_k and not rule)"),
+     "or int4_paths or int4_per_channel or split_k"),
     ("tests/w4afp8/test_w4afp8_kernel_cuda.py",
      "many_local or masked_m_above or (every_tile and 1) or (every_tile and 24) or folded_path_scales"),
 )

@@ -27,7 +27,7 @@ from hal.testing.triton_aot import ast_source
 
 MMA = re.compile(r"(wgmma\.mma_async[\w.]+|mma\.sync[\w.]+|v_mfma\w+|v_wmma\w+|tcgen05\.mma[\w.]*)")
 # (format, layer, local experts, token counts): the repacked mxfp4 path's every tile shape, the
-# others' decode and prefill tiles, and an EP rank at 1 token, whose GEMMs split K
+# others' decode and prefill tiles, and an EP rank at 1 token, whose GEMM 1 splits K
 CASES = (("mxfp4", "gpt-oss-120b", None, (1, 512, 4096)), ("bf16", "qwen3-30b-a3b", None, (1, 4096)),
          ("fp8_block128", "qwen3-30b-a3b", None, (1, 4096)), ("int4_g128", "qwen3-30b-a3b", None, (1, 4096)),
          ("int4_g128", "deepseek-v3", 32, (1,)))
