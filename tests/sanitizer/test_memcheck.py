@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # column-major scales; Marlin EP + bias, split K, skewed routing; triton_moe's w8a8 and w8a8x2
 # quantization launch and GEMM 1's e4m3 epilogue (one and two terms), repacked mxfp4 in both operand
 # orders, int4 repacked (bf16 and fp16) and on its checkpoint layout, w8a16's swap-AB GEMM 1 at
-# prefill, the K split at decode; w4afp8's planes GEMMs with K split and on 32-row tiles, a hot expert walking several
-# m-blocks, both feeds, and a masked_m above max_m, the folded GEMMs and their fp16 requant launch,
-# and the per-group GEMMs they fall back to) at sizes memcheck gets through in minutes. The Marlin
-# file's own memcheck case is left out: it runs compute-sanitizer itself.
+# prefill, the K split at decode; w4afp8's planes GEMMs with K split and on 32-row tiles, a hot
+# expert walking several m-blocks, both feeds, and a masked_m above max_m, the folded GEMMs and their
+# fp16 requant launch, and the per-group GEMMs they fall back to) at sizes memcheck gets through in
+# minutes. The Marlin file's own memcheck case is left out: it runs compute-sanitizer itself.
 SELECTED = (
     ("tests/requant/test_kernel_cuda.py", "1152 or many_experts or hints"),
     ("tests/marlin/test_marlin_cuda.py", "skewed_routings or baselines_are_correct or expert_map"),
