@@ -377,7 +377,8 @@ class TritonMoEKernel(MoEKernel):
 
         blocks = routes if per_route else max_blocks
         programs, chunk = align_programs(routes)
-        # The one-program grouping zeroes the K-split counters (w8a8's grouping launch does not).
+        # The one-program grouping zeroes the K-split counters: exactly where `align` below is the
+        # grouping launch (w8a8's grouping launch does not zero them, per-route blocks have none).
         zeroing = not per_route and programs == 1 and not config.fp8_act
         counters, (split1, split2) = split_k.scratch(blocks, bm, (I, config.gemm1, spec.gated),
                                                      (H, config.gemm2, False), zeroed_by_grouping=zeroing,
@@ -396,7 +397,7 @@ class TritonMoEKernel(MoEKernel):
                 ids, id_map, sorted_routes, block_expert, cursor, cursor if counters is None else counters,
                 routes, spec.num_experts, max_padded, max_blocks, 0 if counters is None else counters.numel(),
                 LOCAL_EXPERTS=spec.local_experts, BINS=bins, BLOCK_M=bm, CHUNK=ALIGN_CHUNK,
-                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, ZERO_COUNTERS=counters is not None and zeroing,
+                BLOCK_CHUNK=block_chunk, HAS_MAP=has_map, ZERO_COUNTERS=counters is not None,
                 num_warps=ALIGN_WARPS)
 
         def align_quantize_x():
