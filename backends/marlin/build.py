@@ -33,13 +33,21 @@ class Specialization:
     def cc_digits(self) -> str:
         return re.sub(r"[^0-9]", "", self.arch)
 
+    @property
+    def wgmma(self) -> bool:
+        """bf16 on sm_90 builds for sm_90a, whose wgmma the kernel's wgmma configs issue (no other
+        arch has it: sm_100 and later replaced it). fp16 keeps mma.sync: its wgmma instantiation
+        compiles but has not been run on a GPU."""
+        return self.cc_digits == "90" and self.act_dtype == "bfloat16"
+
     def defines(self) -> dict:
         return {"HAL_MARLIN_FP16": int(self.act_dtype == "float16"),
-                "HAL_MARLIN_IS_EP": int(self.is_ep), "HAL_MARLIN_HAS_BIAS": int(self.has_bias)}
+                "HAL_MARLIN_IS_EP": int(self.is_ep), "HAL_MARLIN_HAS_BIAS": int(self.has_bias),
+                "HAL_MARLIN_WGMMA": int(self.wgmma)}
 
     def cuda_flags(self) -> tuple:
         # Naming the arch also stops torch from adding its own -gencode list.
-        cc = self.cc_digits
+        cc = self.cc_digits + ("a" if self.wgmma else "")
         return ("-gencode", f"arch=compute_{cc},code=sm_{cc}", "--expt-relaxed-constexpr")
 
     def describe(self) -> str:

@@ -9,7 +9,8 @@ list cannot disagree). Two policies:
                blocks per SM, from the register file, shared memory and thread slots, set how fast
                an SM streams; block_m, shared by both GEMMs, goes to the cheapest layer. Among a
                GEMM's configs within COST_TIE of the cheapest, the most weight bytes in flight per
-               block wins (the 256-wide, 3-stage tile at decode), then fewer K splits.
+               block wins (the 256-wide, 3-stage tile at decode), then fewer K splits; for bf16 on
+               sm_90a a wgmma tile replaces the same tile on mma.sync where it holds as many blocks.
   first_valid  the baseline: block_m from the padding rule (block_m_for), the first candidate in
                table order that fits the shape and the shared memory, the fewest K splits that
                fill the GPU.
@@ -75,7 +76,10 @@ CTA_FIXED_BYTES = 4096  # ~0.13 us of one SM's share of 4 TB/s
 HALF_RATE_BLOCKS = 1.0
 OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) per output element
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
-# per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits.
+# per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits,
+# then the lower cost, and last a tile's wgmma twin (bf16 on sm_90a; same geometry, so the same
+# modeled cost where it holds as many blocks per SM) over its mma.sync one: the twin was faster at
+# all 24 pairs timed at block_m 64 and 1000-2048 tokens (docs/backends/marlin.md, Config choice).
 COST_TIE = 0.02
 # The layer's epilogue fusions, in the order of the op's `fusion` argument (Fusion in
 # csrc/cuda/marlin_moe_launch.h): five, four or three launches.
@@ -92,20 +96,22 @@ class LaunchConfig:
     thread_n: int
     threads: int
     stages: int
+    mma: int = 0  # 0: mma.sync; 1: wgmma (builds for bf16 on sm_90a only)
 
     def pipeline_smem_bytes(self) -> int:
         """Dynamic shared memory the kernel asks for (mirror of Tile::kSmemBytes)."""
         warps_n = self.thread_n // 64
+        units = self.block_m * self.thread_k // 8 + self.thread_k // 16 * warps_n * 32 + self.thread_n // 8
+        if self.mma:  # whole 1024-byte stages, and the slack to align the first
+            return self.stages * math.ceil(units / 64) * 64 * 16 + 1024
         warps_k = self.threads // 32 // warps_n
-        stage = (self.block_m * self.thread_k // 8 + self.thread_k // 16 * warps_n * 32
-                 + self.thread_n // 8) * 16
         acc = 4 * (self.block_m // 8) * 4
         reduce = warps_n * acc * 32 * 4 if warps_k > 1 else 0
-        return max(self.stages * stage, reduce)
+        return max(self.stages * units * 16, reduce)
 
     def describe(self) -> str:
         return (f"m{self.block_m} k{self.thread_k} n{self.thread_n} t{self.threads} "
-                f"s{self.stages}")
+                f"s{self.stages}" + (" wgmma" if self.mma else ""))
 
 
 @attrs.frozen
@@ -135,17 +141,21 @@ class GemmChoice:
 
 
 def _parse_header(text: str) -> tuple:
+    """The table of a wgmma build (bf16 on sm_90a): every block_m's mma.sync configs, then the
+    wgmma ones (other builds stop before those)."""
+    numbers = r"\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)"
     line = re.search(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\(BM\)(.*?)\n\s*\n", text, re.S)
-    if line is None:
-        raise RuntimeError(f"{CONFIG_HEADER}: HAL_MARLIN_CONFIGS_FOR_BLOCK not found")
-    per_block = re.findall(r"HAL_MARLIN_CONFIG\(BM,\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", line.group(1))
+    wgmma = re.search(r"#define HAL_MARLIN_WGMMA_CONFIGS(.*?)\n\s*\n", text, re.S)
+    if line is None or wgmma is None:
+        raise RuntimeError(f"{CONFIG_HEADER}: HAL_MARLIN_CONFIGS_FOR_BLOCK or HAL_MARLIN_WGMMA_CONFIGS "
+                           "not found")
+    per_block = re.findall(r"HAL_MARLIN_CONFIG\(BM," + numbers, line.group(1))
     all_part = text[text.index("#define HAL_MARLIN_ALL_CONFIGS"):]
-    blocks = [int(b) for b in re.findall(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\((\d+)\)", all_part)]
-    out = []
-    for bm in blocks:
-        for tk, tn, th, st in per_block:
-            out.append(LaunchConfig(len(out), bm, int(tk), int(tn), int(th), int(st)))
-    return tuple(out)
+    blocks = list(dict.fromkeys(int(b) for b in re.findall(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\((\d+)\)",
+                                                           all_part)))
+    rows = [(bm, *map(int, c)) for bm in blocks for c in per_block]
+    rows += [tuple(map(int, c)) for c in re.findall(r"HAL_MARLIN_CONFIG\((\d+)," + numbers, wgmma.group(1))]
+    return tuple(LaunchConfig(i, *row) for i, row in enumerate(rows))
 
 
 @functools.lru_cache(maxsize=1)
@@ -340,7 +350,8 @@ def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: 
                          f"{gpu.name or gpu.arch} (shared memory opt-in {gpu.smem_per_block_optin} B)")
     cheapest = min(c.cost for c in scored)
     near = [c for c in scored if c.cost <= cheapest * (1 + COST_TIE)]
-    return min(near, key=lambda c: (-c.blocks_per_sm, -inflight_bytes(c.config), c.splits, c.cost))
+    return min(near, key=lambda c: (-c.blocks_per_sm, -inflight_bytes(c.config), c.splits, c.cost,
+                                    -c.config.mma))
 
 
 def fusion_for(splits13: int) -> str:
@@ -405,13 +416,15 @@ def choose_layer(gpu: GpuCaps, table: dict, spec: MoESpec, tokens_bucket: int, p
 
 def attrs_table(rows: Sequence[Sequence[int]]) -> dict:
     """The kernel_attributes op's rows -> {config index: KernelAttrs}."""
-    return {i: KernelAttrs(num_regs=int(r[6]), static_smem=int(r[7]), dynamic_smem=int(r[5]),
-                           local_bytes=int(r[8])) for i, r in enumerate(rows)}
+    return {i: KernelAttrs(num_regs=int(r[7]), static_smem=int(r[8]), dynamic_smem=int(r[6]),
+                           local_bytes=int(r[9])) for i, r in enumerate(rows)}
 
 
 def check_table_matches(rows: Sequence[Sequence[int]]) -> Optional[str]:
-    """A compiled table whose geometry differs from the header's is a stale build: say so."""
-    want = [(c.block_m, c.thread_k, c.thread_n, c.threads, c.stages, c.pipeline_smem_bytes())
+    """A compiled table whose geometry differs from the header's is a stale build: say so. A build
+    without wgmma holds the mma.sync configs only."""
+    want = [(c.block_m, c.thread_k, c.thread_n, c.threads, c.stages, c.mma, c.pipeline_smem_bytes())
             for c in candidates()]
-    got = [tuple(int(v) for v in r[:6]) for r in rows]
-    return None if want == got else f"compiled config table {got} != header {want}"
+    got = [tuple(int(v) for v in r[:7]) for r in rows]
+    mma_sync = [w for w in want if w[5] == 0]
+    return None if got in (want, mma_sync) else f"compiled config table {got} != header {want}"

@@ -29,11 +29,11 @@ constexpr bool kHasBias = HAL_MARLIN_HAS_BIAS != 0;
 // (params, grid_m, splits, programmatic: may start before the previous kernel of the stream ends)
 using Launch = cudaError_t (*)(const GemmParams<T>&, int, int, bool, cudaStream_t);
 
-template <int BM, int TK, int TN, int TH, int ST>
+template <int BM, int TK, int TN, int TH, int ST, int MMA>
 cudaError_t launch_gemm(const GemmParams<T>& p, int grid_m, int splits, bool programmatic,
                         cudaStream_t stream) {
-  constexpr auto kernel = marlin_moe_gemm<T, BM, TK, TN, TH, ST, kIsEP, kHasBias>;
-  constexpr int smem = Tile<BM, TK, TN, TH, ST>::kSmemBytes;
+  constexpr auto kernel = marlin_moe_gemm<T, BM, TK, TN, TH, ST, MMA, kIsEP, kHasBias>;
+  constexpr int smem = Tile<BM, TK, TN, TH, ST, MMA>::kSmemBytes;
   // Above 48 KiB a kernel must opt in once per process before its first launch.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -66,15 +66,15 @@ bool programmatic_launch_supported() {
 }
 
 struct Entry {
-  int block_m, thread_k, thread_n, threads, stages, smem;
+  int block_m, thread_k, thread_n, threads, stages, mma, smem;
   Launch launch;
   const void* function;
 };
 
-#define HAL_MARLIN_CONFIG(BM, TK, TN, TH, ST)                                  \
-  Entry{BM, TK, TN, TH, ST, Tile<BM, TK, TN, TH, ST>::kSmemBytes,               \
-        &launch_gemm<BM, TK, TN, TH, ST>,                                       \
-        reinterpret_cast<const void*>(&marlin_moe_gemm<T, BM, TK, TN, TH, ST, kIsEP, kHasBias>)},
+#define HAL_MARLIN_CONFIG(BM, TK, TN, TH, ST, MMA)                                  \
+  Entry{BM, TK, TN, TH, ST, MMA, Tile<BM, TK, TN, TH, ST, MMA>::kSmemBytes,            \
+        &launch_gemm<BM, TK, TN, TH, ST, MMA>,                                         \
+        reinterpret_cast<const void*>(&marlin_moe_gemm<T, BM, TK, TN, TH, ST, MMA, kIsEP, kHasBias>)},
 const Entry kEntries[] = {HAL_MARLIN_ALL_CONFIGS};
 #undef HAL_MARLIN_CONFIG
 
@@ -137,7 +137,7 @@ cudaError_t kernel_info(int config, KernelInfo* info) {
   cudaFuncAttributes attr;
   const cudaError_t err = cudaFuncGetAttributes(&attr, e.function);
   if (err != cudaSuccess) return err;
-  *info = KernelInfo{e.block_m, e.thread_k, e.thread_n, e.threads, e.stages, e.smem,
+  *info = KernelInfo{e.block_m, e.thread_k, e.thread_n, e.threads, e.stages, e.mma, e.smem,
                      attr.numRegs, static_cast<int>(attr.sharedSizeBytes),
                      static_cast<int>(attr.localSizeBytes), attr.maxThreadsPerBlock};
   return cudaSuccess;

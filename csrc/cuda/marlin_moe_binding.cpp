@@ -44,17 +44,18 @@ int64_t max_blocks_for(int64_t routes, int64_t num_experts, int64_t block_m) {
   return (routes + block_m - 1) / block_m + std::min(num_experts, routes);
 }
 
-// [num_configs, 10] int64: block_m, thread_k, thread_n, threads, stages, dynamic smem bytes,
-// registers per thread, static smem bytes, local (spill) bytes, max threads per block.
+// [num_configs, 11] int64: block_m, thread_k, thread_n, threads, stages, mma (0 mma.sync, 1
+// wgmma), dynamic smem bytes, registers per thread, static smem bytes, local (spill) bytes, max
+// threads per block.
 Tensor kernel_attributes() {
   const int n = hal_marlin::num_configs();
-  Tensor table = at::empty({n, 10}, at::kLong);
+  Tensor table = at::empty({n, 11}, at::kLong);
   auto rows = table.accessor<int64_t, 2>();
   for (int i = 0; i < n; ++i) {
     const hal_marlin::KernelInfo k = info_of(i);
-    const int64_t values[10] = {k.block_m, k.thread_k,  k.thread_n,   k.threads,     k.stages,
+    const int64_t values[11] = {k.block_m,      k.thread_k, k.thread_n,    k.threads,     k.stages,     k.mma,
                                 k.dynamic_smem, k.num_regs, k.static_smem, k.local_bytes, k.max_threads};
-    for (int j = 0; j < 10; ++j) rows[i][j] = values[j];
+    for (int j = 0; j < 11; ++j) rows[i][j] = values[j];
   }
   return table;
 }

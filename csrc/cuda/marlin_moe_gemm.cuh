@@ -13,11 +13,19 @@
 // A warp's 16-byte loads therefore cover 512 contiguous bytes, one stage of a 64-column slab is
 // thread_k / 16 such pieces back to back, and a thread dequantizes a whole A fragment from one
 // 32-bit word with 4 shift/lop3/sub/mul quadruples.
+//
+// Two matrix instructions (Mma below). mma.sync (sm_80 and later): each warp owns a 64-column
+// slab and issues m16n8k16 per 16 columns and 8 tokens. wgmma (sm_90a, block_m 64): a warpgroup
+// issues m64n64k16 with the same A fragments in registers, one 16-column tile per warp, and the
+// activations read by the tensor cores straight from shared memory, so the mma no longer waits on
+// ldmatrix and a warp's issue slots go to the dequantization.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "marlin_moe_pdl.cuh"
 #include "marlin_moe_pointwise.cuh"
@@ -131,6 +139,82 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The matrix instruction of a config (the last field of HAL_MARLIN_CONFIG).
+enum Mma : int { kMmaSync = 0, kWgmma = 1 };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HAL_MARLIN_HAS_WGMMA 1
+#else
+#define HAL_MARLIN_HAS_WGMMA 0
+#endif
+
+// wgmma m64n64k16, D += A * B: A (the dequantized weights) in registers, B (64 tokens x 16 k,
+// K-major) in shared memory through `desc`, fp32 D in d[32] in the mma.sync C layout per 8 tokens.
+#define HAL_MARLIN_WGMMA_M64N64K16(TYPE)                                                            \
+  asm volatile(                                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                    \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, "      \
+      "p, 1, 1, 0;\n}\n"                                                                            \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),          \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),      \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),   \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),   \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                          \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, uint64_t desc) {
+#if HAL_MARLIN_HAS_WGMMA
+  if constexpr (std::is_same_v<T, __half>) {
+    HAL_MARLIN_WGMMA_M64N64K16("f16");
+  } else {
+    HAL_MARLIN_WGMMA_M64N64K16("bf16");
+  }
+#endif
+}
+#undef HAL_MARLIN_WGMMA_M64N64K16
+
+// Shared-memory matrix descriptor of a K-major tile stored in 128-byte rows with the 128-byte
+// swizzle (16-byte chunk c of row r at c ^ (r % 8)), 8-row groups 1024 bytes apart; the tile's
+// 1024-byte atoms must be 1024-aligned. Leading byte offset unused (a k16 step is 32 bytes of
+// one row), set to 1 as CUTLASS does.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if HAL_MARLIN_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if HAL_MARLIN_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if HAL_MARLIN_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async one.
+__device__ __forceinline__ void fence_async_shared() {
+#if HAL_MARLIN_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads of accumulators that wgmma writes asynchronously above
+// the wait that completes them.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
 // 16-byte global -> shared copy that skips L1; src_bytes = 0 fills the destination with zeros
 // and reads nothing (padding rows of a MoE block).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -167,20 +251,28 @@ __device__ __forceinline__ void dequant_fragment(uint32_t q, typename DtypeOps<T
 }
 
 // Compile-time geometry of one config; the host side reads kSmemBytes to launch it.
-template <int BM, int TK, int TN, int THREADS, int STAGES>
+template <int BM, int TK, int TN, int THREADS, int STAGES, int MMA>
 struct Tile {
+  static constexpr bool kWg = MMA == kWgmma;
   static constexpr int kWarps = THREADS / 32;
   static constexpr int kWarpsN = TN / 64;
-  static constexpr int kWarpsK = kWarps / kWarpsN;
+  // wgmma: no K warps; each warpgroup owns kSlabsPerGroup slabs, one 16-column tile of each pair
+  // of slabs per warp and wgmma (compute_stage_wgmma)
+  static constexpr int kWarpsK = kWg ? 1 : kWarps / kWarpsN;
+  static constexpr int kSlabsPerGroup = kWarpsN / (THREADS / 128 > 0 ? THREADS / 128 : 1);
+  static constexpr int kAccTiles = kWg ? kSlabsPerGroup : 4;  // 16-column tiles a thread accumulates
   static constexpr int kStepsPerWarp = TK / 16 / kWarpsK;
   static constexpr int kTokenTiles = BM / 8;
   static constexpr int kAChunksPerRow = TK / 8;  // 16-byte chunks of one activation row
   static constexpr int kAUnits = BM * kAChunksPerRow;
   static constexpr int kWUnits = (TK / 16) * kWarpsN * 32;
   static constexpr int kSUnits = TN / 8;
-  static constexpr int kStageUnits = kAUnits + kWUnits + kSUnits;
-  static constexpr int kAccPerThread = 4 * kTokenTiles * 4;
-  static constexpr int kPipeBytes = STAGES * kStageUnits * 16;
+  // wgmma reads the activations in 1024-byte swizzle atoms: every stage starts on one, and the
+  // pipeline gets the slack to align its start
+  static constexpr int kStageUnits = kWg ? (kAUnits + kWUnits + kSUnits + 63) / 64 * 64
+                                         : kAUnits + kWUnits + kSUnits;
+  static constexpr int kAccPerThread = kAccTiles * kTokenTiles * 4;
+  static constexpr int kPipeBytes = STAGES * kStageUnits * 16 + (kWg ? 1024 : 0);
   static constexpr int kReduceBytes = kWarpsK > 1 ? kWarpsN * kAccPerThread * 32 * 4 : 0;
   static constexpr int kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
   // Decode-sized blocks (8-16 rows) need several resident blocks per SM to keep weight loads in
@@ -194,15 +286,19 @@ struct Tile {
   static_assert(TN % 64 == 0 && kWarps % kWarpsN == 0, "each warp owns 64 columns");
   static_assert((TK / 16) % kWarpsK == 0, "k16 steps split evenly over the K warps");
   static_assert(kWUnits % THREADS == 0 && kSUnits <= THREADS, "loads split evenly");
+  static_assert(!kWg || (BM == 64 && THREADS % 128 == 0 && kWarpsN % (THREADS / 128) == 0 &&
+                         kSlabsPerGroup % 2 == 0 && kSlabsPerGroup <= 4),
+                "wgmma: block_m 64 (n64), whole warpgroups, pairs of slabs per warpgroup");
 };
 
-// One MoE block: C[routes of the block, n0 : n0 + TN] over one K slice.
-template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kHasBias>
+// One MoE block: C[routes of the block, n0 : n0 + TN] over one K slice. smem: the pipeline's
+// stages (1024-aligned for wgmma).
+template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, int MMA, bool kHasBias>
 __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int expert, int4* smem,
                                            const int* s_routes) {
   using Ops = DtypeOps<T>;
   using T2 = typename Ops::T2;
-  using G = Tile<BM, TK, TN, THREADS, STAGES>;
+  using G = Tile<BM, TK, TN, THREADS, STAGES, MMA>;
   const int tid = threadIdx.x;
   const int n0 = blockIdx.y * TN;
   const int k_begin = blockIdx.z * p.k_slice;
@@ -222,8 +318,11 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
     a_valid[i] = route < p.routes;
     a_src[i] = p.a + (a_valid[i] ? static_cast<size_t>(route / p.a_route_div) * p.k : 0) + k_begin +
                col * 8;
-    // XOR swizzle of the 16-byte chunks so that ldmatrix's 8 rows hit 8 distinct bank groups.
-    a_dst[i] = c < G::kAUnits ? row * G::kAChunksPerRow + (col ^ (row & 7)) : -1;
+    // XOR swizzle of the 16-byte chunks so that ldmatrix's 8 rows hit 8 distinct bank groups;
+    // for wgmma, the 128-byte swizzle of rows of 64 k: one [BM][64] tile per 64 k of the stage.
+    const int dst = G::kWg ? (col / 8) * BM * 8 + row * 8 + ((col % 8) ^ (row & 7))
+                           : row * G::kAChunksPerRow + (col ^ (row & 7));
+    a_dst[i] = c < G::kAUnits ? dst : -1;
   }
 
   const size_t k16_total = p.k / 16;
@@ -256,13 +355,29 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int wn = warp % G::kWarpsN;
-  const int wk = warp / G::kWarpsN;
+  const int wk = G::kWg ? 0 : warp / G::kWarpsN;
   const int g = lane / 4;
   const int t4 = lane % 4;
+  const int wg = warp / 4;  // wgmma: the warpgroup, and the warp in it
+  const int wq = warp % 4;
 
-  float acc[4][G::kTokenTiles][4];  // set after the pipeline's first copies are issued, below
+  // wgmma: accumulator tile j of a warp is 16-column tile 2 (wq % 2) + j % 2 of slab
+  // 2 (j / 2) + wq / 2 of its warpgroup's, so the tiles j = 2i, 2i + 1 are one gate/up pair (see
+  // Epilogue). mma.sync: tile j of the warp's slab.
+  auto slab_of = [&](int j) { return G::kWg ? wg * G::kSlabsPerGroup + 2 * (j / 2) + wq / 2 : wn; };
+  auto column = [&](int j, int hi) {  // of C, from n0, of accumulator tile j's row g + 8 hi
+    const int tile = G::kWg ? 2 * (wq % 2) + j % 2 : j;
+    return slab_of(j) * 64 + tile * 16 + g + hi * 8;
+  };
+  // Gated activation: the intermediate column of gate/up pair i (tiles 2i, 2i + 1), row g + 8 hi.
+  auto act_column = [&](int i, int hi) {
+    const int pair = G::kWg ? wq % 2 : i;  // in its 64-column slab
+    return (n0 + slab_of(2 * i) * 64) / 2 + pair * 16 + g + hi * 8;
+  };
 
-  auto compute_stage = [&](int stage) {
+  float acc[G::kAccTiles][G::kTokenTiles][4];  // set after the pipeline's first copies are issued
+
+  auto compute_stage_mma_sync = [&](auto stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
     const int4* s_w = s_a + G::kAUnits;
     const T* s_s = reinterpret_cast<const T*>(s_w + G::kWUnits);
@@ -308,6 +423,48 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
     }
   };
 
+  // Per k16 step the warp dequantizes its accumulator tiles' A fragments while the previous step's
+  // wgmmas run (fragments double-buffered by step parity), then the warpgroup issues one m64n64k16
+  // per tile. The stage's wgmmas are complete before it returns: its shared memory is refilled next.
+  auto compute_stage_wgmma = [&](auto stage) {
+    const int4* s_a = smem + stage * G::kStageUnits;
+    const int4* s_w = s_a + G::kAUnits;
+    const T* s_s = reinterpret_cast<const T*>(s_w + G::kWUnits);
+    T2 scale_lo[G::kAccTiles], scale_hi[G::kAccTiles];
+#pragma unroll
+    for (int j = 0; j < G::kAccTiles; ++j) {
+      scale_lo[j] = Ops::pair(s_s[column(j, 0)]);
+      scale_hi[j] = Ops::pair(s_s[column(j, 1)]);
+    }
+    const uint32_t a_base = smem_addr(s_a);
+    uint32_t frag[2][G::kAccTiles][4];
+#pragma unroll
+    for (int ks = 0; ks < TK / 16; ++ks) {
+#pragma unroll
+      for (int pair = 0; pair < G::kAccTiles / 2; ++pair) {
+        const int4 q = s_w[(ks * G::kWarpsN + slab_of(2 * pair)) * 32 + lane];
+        const uint32_t gate_word = static_cast<uint32_t>(wq % 2 ? q.z : q.x);
+        const uint32_t up_word = static_cast<uint32_t>(wq % 2 ? q.w : q.y);
+        dequant_fragment<T>(gate_word, scale_lo[2 * pair], scale_hi[2 * pair], frag[ks % 2][2 * pair]);
+        dequant_fragment<T>(up_word, scale_lo[2 * pair + 1], scale_hi[2 * pair + 1],
+                            frag[ks % 2][2 * pair + 1]);
+      }
+      const uint64_t desc = wgmma_desc_sw128(a_base + (ks / 4) * BM * 128 + (ks % 4) * 32);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < G::kAccTiles; ++j) wgmma_m64n64k16<T>(&acc[j][0][0], frag[ks % 2][j], desc);
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < G::kAccTiles; ++j)
+#pragma unroll
+      for (int tt = 0; tt < G::kTokenTiles; ++tt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) fence_operand(acc[j][tt][c]);
+  };
+
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -317,13 +474,13 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   // epilogue stays a plain scale-and-store. Its loads go out after the pipeline's first copies:
   // issued before them, a warp would wait the bias's memory latency before starting the pipeline.
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < G::kAccTiles; ++j) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       float start = 0.f;
       if constexpr (kHasBias) {
         if (p.bias != nullptr && blockIdx.z == 0 && wk == 0) {
-          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + wn * 64 + j * 16 + g + hi * 8];
+          start = p.bias[static_cast<size_t>(expert) * p.n + n0 + column(j, hi)];
         }
       }
 #pragma unroll
@@ -335,11 +492,16 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
+    if constexpr (G::kWg) fence_async_shared();
     __syncthreads();  // stage kt landed for everyone; stage kt-1 is no longer read
     const int next = kt + STAGES - 1;
     if (next < k_tiles) load_stage(next % STAGES, next);
     cp_async_commit();
-    compute_stage(kt % STAGES);
+    if constexpr (G::kWg) {
+      compute_stage_wgmma(kt % STAGES);
+    } else {
+      compute_stage_mma_sync(kt % STAGES);
+    }
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -379,28 +541,27 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   if (p.mode == kActivate) {
     const bool gated = p.activation != kRelu2;
     const int n_act = gated ? p.n / 2 : p.n;
-    // Gated: gate in tile j, up in tile j + 1 (16 physical columns on), one output column of 16 each.
-    const int col0 = gated ? (n0 + wn * 64) / 2 + g : n0 + wn * 64 + g;
 #pragma unroll
     for (int tt = 0; tt < G::kTokenTiles; ++tt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int route = s_routes[tt * 8 + t4 * 2 + half];
         if (route >= p.routes) continue;
-        T* dst = p.act_out + static_cast<size_t>(route) * n_act + col0;
+        T* dst = p.act_out + static_cast<size_t>(route) * n_act;
         if (gated) {
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj)
+          for (int i = 0; i < G::kAccTiles / 2; ++i)
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi)
-              dst[jj * 16 + hi * 8] = to_dtype<T>(activate(p.activation, acc[2 * jj][tt][hi * 2 + half],
-                                                           acc[2 * jj + 1][tt][hi * 2 + half], p.alpha, p.limit));
+              dst[act_column(i, hi)] = to_dtype<T>(activate(p.activation, acc[2 * i][tt][hi * 2 + half],
+                                                            acc[2 * i + 1][tt][hi * 2 + half], p.alpha,
+                                                            p.limit));
         } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < G::kAccTiles; ++j)
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi)
-              dst[j * 16 + hi * 8] = to_dtype<T>(activate(kRelu2, acc[j][tt][hi * 2 + half], 0.f, 0.f, 0.f));
+              dst[n0 + column(j, hi)] = to_dtype<T>(activate(kRelu2, acc[j][tt][hi * 2 + half], 0.f, 0.f, 0.f));
         }
       }
     }
@@ -418,10 +579,10 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
       const float weight = p.route_weight != nullptr ? p.route_weight[route] : 1.f;
       float* c_row = c_split + static_cast<size_t>(route / p.c_row_div) * p.n;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < G::kAccTiles; ++j) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const int n = n0 + wn * 64 + j * 16 + g + hi * 8;
+          const int n = n0 + column(j, hi);
           const float v = acc[j][tt][hi * 2 + half] * weight;
           if (atomic) {
             atomicAdd(c_row + n, v);
@@ -558,10 +719,13 @@ __device__ __forceinline__ void prefetch_weights_l2(const GemmParams<T>& p, cons
 #endif
 }
 
-template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, bool kIsEP, bool kHasBias>
-__global__ void __launch_bounds__(THREADS, (Tile<BM, TK, TN, THREADS, STAGES>::kMinBlocksPerSm))
+template <typename T, int BM, int TK, int TN, int THREADS, int STAGES, int MMA, bool kIsEP, bool kHasBias>
+__global__ void __launch_bounds__(THREADS, (Tile<BM, TK, TN, THREADS, STAGES, MMA>::kMinBlocksPerSm))
 marlin_moe_gemm(const GemmParams<T> p) {
+  using G = Tile<BM, TK, TN, THREADS, STAGES, MMA>;
   extern __shared__ int4 smem[];
+  // wgmma's swizzle atoms start 1024-aligned in the shared address space (kPipeBytes has the slack)
+  int4* const pipe = G::kWg ? smem + ((1024 - (smem_addr(smem) & 1023)) & 1023) / 16 : smem;
   __shared__ int s_routes[BM];
   __shared__ int s_last[BM];
   const int tid = threadIdx.x;
@@ -589,7 +753,7 @@ marlin_moe_gemm(const GemmParams<T> p) {
     __syncthreads();  // the previous MoE block is done with shared memory and s_routes
     if (tid < BM) s_routes[tid] = p.sorted_routes[block * BM + tid];
     __syncthreads();
-    gemm_block<T, BM, TK, TN, THREADS, STAGES, kHasBias>(p, expert, smem, s_routes);
+    gemm_block<T, BM, TK, TN, THREADS, STAGES, MMA, kHasBias>(p, expert, pipe, s_routes);
     if (arrive) finish_tile<T, BM, TN, THREADS>(p, block, s_routes, s_last);
   }
 }

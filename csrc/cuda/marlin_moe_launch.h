@@ -11,6 +11,7 @@ namespace hal_marlin {
 // One compiled GEMM config and what the compiler made of it (cudaFuncGetAttributes).
 struct KernelInfo {
   int block_m, thread_k, thread_n, threads, stages;
+  int mma;           // Mma: 0 mma.sync, 1 wgmma
   int dynamic_smem;  // bytes the launch asks for
   int num_regs, static_smem, local_bytes, max_threads;
 };

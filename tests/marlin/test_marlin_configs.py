@@ -30,12 +30,15 @@ def nvidia_profiles():
     return out
 
 
-def synthetic_attrs(regs_per_row: float = 3.0, base_regs: int = 40, static_per_row: int = 4) -> dict:
-    """Register use grows with the accumulator (block_m), as ptxas reports for these kernels."""
+def synthetic_attrs(regs_per_row: float = 3.0, base_regs: int = 40, static_per_row: int = 4,
+                    arch: str = "sm_90") -> dict:
+    """Register use grows with the accumulator (block_m), as ptxas reports for these kernels. The
+    wgmma configs are compiled for sm_90 only (build.Specialization.wgmma, with bf16)."""
+    wgmma = build.Specialization("bfloat16", False, False, arch).wgmma
     return {c.index: configs.KernelAttrs(num_regs=min(255, int(base_regs + regs_per_row * c.block_m)),
                                          static_smem=static_per_row * c.block_m,
                                          dynamic_smem=c.pipeline_smem_bytes())
-            for c in configs.candidates()}
+            for c in configs.candidates() if wgmma or not c.mma}
 
 
 def shapes():
@@ -48,7 +51,8 @@ def shapes():
 
 def test_header_is_the_candidate_table():
     cands = configs.candidates()
-    assert len(cands) == 5 * 6
+    assert len(cands) == 5 * 6 + 4  # six per block_m, then the wgmma build's
+    assert [c.mma for c in cands] == [0] * 30 + [1] * 4
     assert [c.index for c in cands] == list(range(len(cands)))
     assert {c.block_m for c in cands} == set(configs.BLOCK_M_CHOICES)
     big = next(c for c in cands if (c.block_m, c.thread_k, c.thread_n, c.threads) == (64, 128, 128, 256))
@@ -62,7 +66,7 @@ def test_header_is_the_candidate_table():
 def test_choice_is_launchable_everywhere(profile, shape, policy):
     gpu = hal.probe(profile=profile).gpus[0]
     spec = shapes()[shape]
-    table = synthetic_attrs()
+    table = synthetic_attrs(arch=gpu.arch)
     optin = gpu.smem_per_block_optin
     for tokens in TOKENS:
         bucket = configs.token_bucket(tokens)
@@ -277,6 +281,43 @@ def test_register_bound_config_loses_to_lighter_one():
     assert limiter == "regs" and per_sm == 65536 // (256 * 32) // (heavy.threads // 32)
 
 
+def launch_geometry(choice: configs.GemmChoice) -> tuple:
+    c = choice.config
+    return c.block_m, c.thread_k, c.thread_n, c.threads, c.stages, choice.splits
+
+
+@pytest.mark.parametrize("shape", sorted(shapes()))
+def test_wgmma_twin_replaces_the_same_tile_and_nothing_else(shape):
+    """On sm_90 a wgmma tile is taken only in place of the mma.sync tile of the same geometry the
+    rule takes without it (with these attributes every twin holds as many blocks per SM), and
+    wherever one is compiled: block_m, tiles and K splits stay those of the mma.sync-only table."""
+    gpu = hal.probe(profile="h100").gpus[0]
+    spec = shapes()[shape]
+    table = synthetic_attrs()
+    mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
+    for tokens in TOKENS:
+        both = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
+        plain = configs.choose_layer(gpu, mma_sync, spec, configs.token_bucket(tokens))
+        for got, want in ((both.gemm13, plain.gemm13), (both.gemm2, plain.gemm2)):
+            assert launch_geometry(got) == launch_geometry(want)
+            twin = any(c.mma and launch_geometry(attrs.evolve(got, config=c)) == launch_geometry(want)
+                       for c in configs.candidates() if c.index in table)
+            assert got.config.mma == twin
+
+
+def test_wgmma_twin_that_holds_fewer_blocks_is_not_taken():
+    gpu = hal.probe(profile="h100").gpus[0]
+    spec = PRESETS["mixtral-8x7b"].spec("int4_g128")
+    table = synthetic_attrs()
+    layer = configs.choose_layer(gpu, table, spec, 2048)
+    assert layer.block_m == 64 and layer.gemm13.config.mma == 1
+    twin = layer.gemm13.config
+    table[twin.index] = attrs.evolve(table[twin.index], dynamic_smem=gpu.smem_per_sm // 2)
+    again = configs.choose_layer(gpu, table, spec, 2048)
+    assert again.gemm13.config.mma == 0
+    assert launch_geometry(again.gemm13) == launch_geometry(layer.gemm13)
+
+
 def test_first_valid_is_the_first_fitting_candidate():
     gpu = hal.probe(profile="h200").gpus[0]
     spec = PRESETS["qwen3-30b-a3b"].spec("int4_g128")
@@ -350,11 +391,15 @@ def test_check_rejects_shapes_that_are_not_whole_tiles():
 
 def test_specialization_defines_follow_the_spec():
     plain = build.Specialization("bfloat16", False, False, "sm_90")
-    assert plain.defines() == {"HAL_MARLIN_FP16": 0, "HAL_MARLIN_IS_EP": 0, "HAL_MARLIN_HAS_BIAS": 0}
-    assert "arch=compute_90,code=sm_90" in plain.cuda_flags()
+    assert plain.defines() == {"HAL_MARLIN_FP16": 0, "HAL_MARLIN_IS_EP": 0, "HAL_MARLIN_HAS_BIAS": 0,
+                               "HAL_MARLIN_WGMMA": 1}
+    assert "arch=compute_90a,code=sm_90a" in plain.cuda_flags()  # wgmma is sm_90a's
     ep = build.Specialization("float16", True, True, "sm_100a")
-    assert ep.defines() == {"HAL_MARLIN_FP16": 1, "HAL_MARLIN_IS_EP": 1, "HAL_MARLIN_HAS_BIAS": 1}
+    assert ep.defines() == {"HAL_MARLIN_FP16": 1, "HAL_MARLIN_IS_EP": 1, "HAL_MARLIN_HAS_BIAS": 1,
+                            "HAL_MARLIN_WGMMA": 0}
     assert "arch=compute_100,code=sm_100" in ep.cuda_flags()
+    fp16 = build.Specialization("float16", False, False, "sm_90")
+    assert fp16.defines()["HAL_MARLIN_WGMMA"] == 0 and "arch=compute_90,code=sm_90" in fp16.cuda_flags()
 
 
 def test_kernel_variants_and_baselines():

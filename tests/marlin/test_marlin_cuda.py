@@ -154,7 +154,8 @@ def test_every_compiled_config_and_split():
     packed, s_d, a_d, ids_d = repack.repack(q).to(DEVICE), s.to(DEVICE), a.to(DEVICE), ids.to(DEVICE)
     rw_d = rw.to(DEVICE)
     failures = []
-    for cfg in configs.candidates():
+    compiled = kernel.kernel_attributes()
+    for cfg in (c for c in configs.candidates() if c.index in compiled):
         sorted_routes, block_expert, num_blocks, _ = op.route(ids_d, None, E, cfg.block_m)
         for splits in (1, 2):
             if K % (splits * cfg.thread_k):
@@ -199,8 +200,10 @@ def test_fused_epilogues_at_every_k_split(activation):
             local = ops.local_ids(spec, ti, w.expert_map)
             assert not (local[m // 2] >= 0).any()
         ref = ops.moe_tokens(spec, x, tw.float(), ti, w, compute_dtype=torch.float64)
-        for desc in ("m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4"):
-            cfg = next(c for c in configs.candidates() if c.describe() == desc)
+        compiled = kernel.kernel_attributes()
+        for cfg in (c for c in configs.candidates() if c.index in compiled and c.describe() in (
+                "m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4", "m64 k64 n256 t256 s4 wgmma",
+                "m64 k64 n256 t128 s3 wgmma")):
             for s13, s2, fusion in itertools.product(configs.split_options(cfg, spec.hidden_size),
                                                      configs.split_options(cfg, spec.intermediate_size),
                                                      range(len(configs.FUSIONS))):
@@ -213,7 +216,7 @@ def test_fused_epilogues_at_every_k_split(activation):
                 err = rel_err(out, ref)
                 idle = ~(local >= 0).any(dim=1)
                 if not torch.isfinite(out).all() or err > REL_TOL or not (out[idle] == 0).all():
-                    failures.append(f"m={m} {desc} splits {s13}/{s2} fusion "
+                    failures.append(f"m={m} {cfg.describe()} splits {s13}/{s2} fusion "
                                     f"{configs.FUSIONS[fusion]}: rel err {err:.3g}")
     assert not failures, failures
 
