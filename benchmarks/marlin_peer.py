@@ -418,16 +418,24 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
                 functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
                                   rule.gemm2, overlap, fusion)
                 for s, o in zip(sets, outs, strict=True)]
-        # The cost model with the epilogue inside the mainloop's time, where it chooses otherwise.
-        overlapped = configs.choose_layer(kernel._gpu, kernel.kernel_attributes(), layer.spec,
-                                          rule.tokens_bucket, serial_epilogue=False)
-        if (overlapped.block_m, overlapped.gemm13.config, overlapped.gemm13.splits, overlapped.gemm2.config,
-                overlapped.gemm2.splits) != (rule.block_m, rule.gemm13.config, rule.gemm13.splits,
-                                             rule.gemm2.config, rule.gemm2.splits):
-            forced.append(("overlapped_epilogue", None, None))
-            variants["overlapped_epilogue"] = [
-                functools.partial(run_forced, kernel, prepared.data, *s, o, overlapped.block_m,
-                                  overlapped.gemm13, overlapped.gemm2)
+        # The cost model with the epilogue inside the mainloop's time, and without the wgmma
+        # configs, where either chooses otherwise.
+        table = kernel.kernel_attributes()
+        mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
+        others = {"overlapped_epilogue": dict(table=table, serial_epilogue=False),
+                  "mma_sync": dict(table=mma_sync)}
+        def launches(c):
+            return c.block_m, c.gemm13.config, c.gemm13.splits, c.gemm2.config, c.gemm2.splits
+
+        for name, how in others.items():
+            other = configs.choose_layer(kernel._gpu, spec=layer.spec, tokens_bucket=rule.tokens_bucket,
+                                         **how)
+            if launches(other) == launches(rule):
+                continue
+            forced.append((name, None, None))
+            variants[name] = [
+                functools.partial(run_forced, kernel, prepared.data, *s, o, other.block_m, other.gemm13,
+                                  other.gemm2)
                 for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
@@ -480,12 +488,13 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
     outs = [torch.empty_like(s[0]) for s in sets]
     rule = kernel._choice(T)
     k1, k2 = spec.hidden_size, spec.intermediate_size
-    # Routes of an expert that has any; block sizes far from it (a quarter of it or less, or more
-    # than twice it and above 16) are not timed.
+    # Routes of an expert that has any; block sizes far from it (a quarter of it or less, but for
+    # the largest, or more than twice it and above 16) are not timed.
     p = min(1.0, spec.top_k / spec.num_experts)
     rows = T * p / (1 - (1 - p) ** T)
     for bm in configs.BLOCK_M_CHOICES:
-        if bm * 4 <= rows or bm > max(16, 2 * rows) or (block_ms and bm not in block_ms):
+        too_small = bm * 4 <= rows and bm < max(configs.BLOCK_M_CHOICES)
+        if too_small or bm > max(16, 2 * rows) or (block_ms and bm not in block_ms):
             continue
         cands = [c for c in configs.candidates() if c.block_m == bm]
         g1s = [g for g in (forced_choice(kernel, T, bm, c, 1) for c in cands) if g]
@@ -587,7 +596,8 @@ def main() -> int:
                              "the rule's configs with their launches one after another, with programmatic "
                              "dependent launch but no weight prefetch, with each other epilogue fusion "
                              "(configs.FUSIONS: five, four or three launches), and the cost model's choice "
-                             "with the epilogue inside the mainloop's time where it differs")
+                             "with the epilogue inside the mainloop's time, and without the wgmma configs, "
+                             "where either differs")
     parser.add_argument("--triton-moe", action="store_true",
                         help="also time triton_moe's int4 (its default path) on the same weights and inputs")
     parser.add_argument("--ceilings", action="store_true",
