@@ -259,7 +259,7 @@ struct Tile {
   // wgmma: no K warps; each warpgroup owns kSlabsPerGroup slabs, one 16-column tile of each pair
   // of slabs per warp and wgmma (compute_stage_wgmma)
   static constexpr int kWarpsK = kWg ? 1 : kWarps / kWarpsN;
-  static constexpr int kSlabsPerGroup = kWarpsN / (THREADS / 128 > 0 ? THREADS / 128 : 1);
+  static constexpr int kSlabsPerGroup = kWarpsN / (THREADS / 128);
   static constexpr int kAccTiles = kWg ? kSlabsPerGroup : 4;  // 16-column tiles a thread accumulates
   static constexpr int kStepsPerWarp = TK / 16 / kWarpsK;
   static constexpr int kTokenTiles = BM / 8;
