@@ -151,8 +151,7 @@ def _parse_header(text: str) -> tuple:
                            "not found")
     per_block = re.findall(r"HAL_MARLIN_CONFIG\(BM," + numbers, line.group(1))
     all_part = text[text.index("#define HAL_MARLIN_ALL_CONFIGS"):]
-    blocks = list(dict.fromkeys(int(b) for b in re.findall(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\((\d+)\)",
-                                                           all_part)))
+    blocks = [int(b) for b in re.findall(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\((\d+)\)", all_part)]
     rows = [(bm, *map(int, c)) for bm in blocks for c in per_block]
     rows += [tuple(map(int, c)) for c in re.findall(r"HAL_MARLIN_CONFIG\((\d+)," + numbers, wgmma.group(1))]
     return tuple(LaunchConfig(i, *row) for i, row in enumerate(rows))

@@ -377,7 +377,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
 
   float acc[G::kAccTiles][G::kTokenTiles][4];  // set after the pipeline's first copies are issued
 
-  auto compute_stage_mma_sync = [&](auto stage) {
+  auto compute_stage_mma_sync = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
     const int4* s_w = s_a + G::kAUnits;
     const T* s_s = reinterpret_cast<const T*>(s_w + G::kWUnits);
@@ -426,7 +426,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   // Per k16 step the warp dequantizes its accumulator tiles' A fragments while the previous step's
   // wgmmas run (fragments double-buffered by step parity), then the warpgroup issues one m64n64k16
   // per tile. The stage's wgmmas are complete before it returns: its shared memory is refilled next.
-  auto compute_stage_wgmma = [&](auto stage) {
+  auto compute_stage_wgmma = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
     const int4* s_w = s_a + G::kAUnits;
     const T* s_s = reinterpret_cast<const T*>(s_w + G::kWUnits);
