@@ -389,6 +389,14 @@ def occupancy_first_choice(kernel, tokens: int):
     return bm, gemm(spec.w13_rows, spec.hidden_size), gemm(spec.hidden_size, spec.intermediate_size)
 
 
+def ab_variants() -> tuple:
+    """What --ab can time beside the rule (layer_point)."""
+    from backends.marlin import configs
+
+    return ("occupancy_first", "sequential", "no_prefetch", *(f"fusion_{f}" for f in configs.FUSIONS),
+            "overlapped_epilogue", "mma_sync")
+
+
 def rel_diff(out, ref) -> float:
     """Largest difference from marlin's output, relative to marlin's largest magnitude."""
     ref = ref.float()
@@ -396,46 +404,47 @@ def rel_diff(out, ref) -> float:
 
 
 def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, check: bool,
-                ab: bool = False):
+                ab: frozenset = frozenset()):
+    """One layer at T tokens: marlin, and beside it the peer, triton_moe and the A/B variants named
+    in `ab` (ab_variants()) that differ from the rule's own choice."""
     kernel, peer, prepared = layer.kernel, layer.peer, layer.prepared
     sets = input_sets(layer.spec, T)
     outs = [torch.empty_like(s[0]) for s in sets]
     variants = {"marlin": [lambda s=s, o=o: kernel(*s, prepared, out=o, check=False)
                            for s, o in zip(sets, outs, strict=True)]}
+    forced = []  # (name, block_m, gemm13, gemm2, overlap, fusion) of each A/B variant timed
     if ab:
-        bm, g13, g2 = occupancy_first_choice(kernel, T)
-        variants["occupancy_first"] = [
-            functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2)
-            for s, o in zip(sets, outs, strict=True)]
         from backends.marlin import configs
 
         rule = kernel._choice(T)
-        # (name, overlap, fusion): the rule's configs with one choice changed
-        forced = [("sequential", 0, rule.fusion), ("no_prefetch", 1, rule.fusion)]
-        forced += [(f"fusion_{f}", None, f) for f in configs.FUSIONS if f != rule.fusion]
-        for name, overlap, fusion in forced:
-            variants[name] = [
-                functools.partial(run_forced, kernel, prepared.data, *s, o, rule.block_m, rule.gemm13,
-                                  rule.gemm2, overlap, fusion)
-                for s, o in zip(sets, outs, strict=True)]
+        if "occupancy_first" in ab:
+            forced.append(("occupancy_first", *occupancy_first_choice(kernel, T), None, None))
+        # the rule's configs with one choice changed
+        same = (rule.block_m, rule.gemm13, rule.gemm2)
+        forced += [(name, *same, overlap, rule.fusion)
+                   for name, overlap in (("sequential", 0), ("no_prefetch", 1)) if name in ab]
+        forced += [(f"fusion_{f}", *same, None, f) for f in configs.FUSIONS
+                   if f != rule.fusion and f"fusion_{f}" in ab]
         # The cost model with the epilogue inside the mainloop's time, and without the wgmma
         # configs, where either chooses otherwise.
         table = kernel.kernel_attributes()
         mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
         others = {"overlapped_epilogue": dict(table=table, serial_epilogue=False),
                   "mma_sync": dict(table=mma_sync)}
+
         def launches(c):
             return c.block_m, c.gemm13.config, c.gemm13.splits, c.gemm2.config, c.gemm2.splits
 
         for name, how in others.items():
+            if name not in ab:
+                continue
             other = configs.choose_layer(kernel._gpu, spec=layer.spec, tokens_bucket=rule.tokens_bucket,
                                          **how)
-            if launches(other) == launches(rule):
-                continue
-            forced.append((name, None, None))
+            if launches(other) != launches(rule):
+                forced.append((name, other.block_m, other.gemm13, other.gemm2, None, None))
+        for name, bm, g13, g2, overlap, fusion in forced:
             variants[name] = [
-                functools.partial(run_forced, kernel, prepared.data, *s, o, other.block_m, other.gemm13,
-                                  other.gemm2)
+                functools.partial(run_forced, kernel, prepared.data, *s, o, bm, g13, g2, overlap, fusion)
                 for s, o in zip(sets, outs, strict=True)]
     if peer is not None:
         pouts = [torch.empty_like(s[0]) for s in sets]
@@ -451,11 +460,11 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
                plan=kernel.plan(T).describe(), weight_bytes=work[0], flops=work[1],
                marlin_gbps=work[0] / med["marlin"] / 1e3, marlin_tflops=work[1] / med["marlin"] / 1e6)
     if ab:
-        rec.update(occupancy_first_us=med["occupancy_first"],
-                   occupancy_first=f"block_m {bm} [{g13.describe()}] [{g2.describe()}]",
-                   vs_occupancy_first=med["occupancy_first"] / med["marlin"], fusion=rule.fusion)
-        for name, *_ in forced:
-            rec.update({f"{name}_us": med[name], f"vs_{name}": med[name] / med["marlin"]})
+        rec["fusion"] = rule.fusion
+    for name, bm, g13, g2, _, _ in forced:
+        rec.update({f"{name}_us": med[name], f"vs_{name}": med[name] / med["marlin"]})
+        if (bm, g13, g2) != same:  # a choice other than the rule's: what it chose
+            rec[name] = f"block_m {bm} [{g13.describe()}] [{g2.describe()}]"
     if peer is not None:
         rec.update(peer_us=med["peer"], ratio=med["peer"] / med["marlin"], peer_block_m=peer.block_m(T))
         if check:
@@ -591,13 +600,16 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
     parser.add_argument("--out", help="JSON lines, one per measured point")
-    parser.add_argument("--ab", action="store_true",
-                        help="also time the occupancy-first config rule (the A/B of the cost model) and "
-                             "the rule's configs with their launches one after another, with programmatic "
-                             "dependent launch but no weight prefetch, with each other epilogue fusion "
-                             "(configs.FUSIONS: five, four or three launches), and the cost model's choice "
-                             "with the epilogue inside the mainloop's time, and without the wgmma configs, "
-                             "where either differs")
+    parser.add_argument("--ab", nargs="?", const="all", default="", metavar="VARIANTS",
+                        help="also time these variants of the rule (comma-separated; all when none is "
+                             "named): occupancy_first (the occupancy-first config rule, the A/B of the cost "
+                             "model); the rule's configs with their launches one after another "
+                             "(sequential), with programmatic dependent launch but no weight prefetch "
+                             "(no_prefetch), with each other epilogue fusion (fusion_none, "
+                             "fusion_activation, fusion_activation_and_rounding: five, four or three "
+                             "launches); the cost model's choice with the epilogue inside the mainloop's "
+                             "time (overlapped_epilogue) and without the wgmma configs (mma_sync), where "
+                             "either differs")
     parser.add_argument("--triton-moe", action="store_true",
                         help="also time triton_moe's int4 (its default path) on the same weights and inputs")
     parser.add_argument("--ceilings", action="store_true",
@@ -611,6 +623,10 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",") if t]
     sweep = [int(t) for t in args.sweep_tokens.split(",") if t]
     sweep_block_ms = tuple(int(b) for b in args.sweep_block_m.split(",") if b)
+    ab = frozenset(ab_variants() if args.ab == "all" else (v for v in args.ab.split(",") if v))
+    if ab - set(ab_variants()):
+        raise ValueError(f"--ab: unknown {sorted(ab - set(ab_variants()))}; expected some of "
+                         f"{', '.join(ab_variants())}")
     if not torch.cuda.is_available():
         raise SystemExit("marlin_peer.py needs a CUDA GPU")
     deadline = time.time() + args.budget_s
@@ -644,7 +660,7 @@ def main() -> int:
             if what is layer_point:
                 # Outputs compared once per layer, at 64 tokens or more (every expert has routes).
                 check = layer.name not in checked and T >= 64
-                layer_point(layer, T, args.samples, timer, sink, check, args.ab)
+                layer_point(layer, T, args.samples, timer, sink, check, ab)
                 if check:
                     checked.add(layer.name)
             else:
