@@ -10,7 +10,8 @@ list cannot disagree). Two policies:
                an SM streams; block_m, shared by both GEMMs, goes to the cheapest layer. Among a
                GEMM's configs within COST_TIE of the cheapest, the most weight bytes in flight per
                block wins (the 256-wide, 3-stage tile at decode), then fewer K splits; for bf16 on
-               sm_90a a wgmma tile replaces the same tile on mma.sync where it holds as many blocks.
+               sm_90a a wgmma tile (block_m 48 and 64) replaces the same tile on mma.sync where it
+               holds at least as many blocks.
   first_valid  the baseline: block_m from the padding rule (block_m_for), the first candidate in
                table order that fits the shape and the shared memory, the fewest K splits that
                fill the GPU.
@@ -79,7 +80,8 @@ OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) pe
 # per SM win, then the most weight bytes in flight per block (stages x tile), then fewer K splits,
 # then the lower cost, and last a tile's wgmma twin (bf16 on sm_90a; same geometry, so the same
 # modeled cost where it holds as many blocks per SM) over its mma.sync one: the twin was faster at
-# all 24 pairs timed at block_m 64 and 1000-2048 tokens (docs/backends/marlin.md, Config choice).
+# all 24 pairs timed at block_m 64 and 1000-2048 tokens, and in 23 of the 24 layers where the rule
+# took a block_m 48-64 twin at 128-3000 tokens (docs/backends/marlin.md, Config choice).
 COST_TIE = 0.02
 # The layer's epilogue fusions, in the order of the op's `fusion` argument (Fusion in
 # csrc/cuda/marlin_moe_launch.h): five, four or three launches.
@@ -141,19 +143,22 @@ class GemmChoice:
 
 
 def _parse_header(text: str) -> tuple:
-    """The table of a wgmma build (bf16 on sm_90a): every block_m's mma.sync configs, then the
-    wgmma ones (other builds stop before those)."""
+    """The table of a wgmma build (bf16 on sm_90a): every block_m's mma.sync configs, then every
+    block_m's wgmma ones (other builds stop before those)."""
     numbers = r"\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)"
-    line = re.search(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\(BM\)(.*?)\n\s*\n", text, re.S)
-    wgmma = re.search(r"#define HAL_MARLIN_WGMMA_CONFIGS(.*?)\n\s*\n", text, re.S)
-    if line is None or wgmma is None:
-        raise RuntimeError(f"{CONFIG_HEADER}: HAL_MARLIN_CONFIGS_FOR_BLOCK or HAL_MARLIN_WGMMA_CONFIGS "
-                           "not found")
-    per_block = re.findall(r"HAL_MARLIN_CONFIG\(BM," + numbers, line.group(1))
-    all_part = text[text.index("#define HAL_MARLIN_ALL_CONFIGS"):]
-    blocks = [int(b) for b in re.findall(r"HAL_MARLIN_CONFIGS_FOR_BLOCK\((\d+)\)", all_part)]
-    rows = [(bm, *map(int, c)) for bm in blocks for c in per_block]
-    rows += [tuple(map(int, c)) for c in re.findall(r"HAL_MARLIN_CONFIG\((\d+)," + numbers, wgmma.group(1))]
+
+    def expand(per_block: str, listing: str) -> list:
+        """The rows of `per_block`(BM) for each block_m that the define `listing` names, in order."""
+        tiles = re.search(rf"#define {per_block}\(BM\)(.*?)\n\s*\n", text, re.S)
+        body = re.search(rf"#define {listing}\b(.*?)\n\s*\n", text + "\n\n", re.S)
+        if tiles is None or body is None:
+            raise RuntimeError(f"{CONFIG_HEADER}: {per_block} or {listing} not found")
+        configs = re.findall(r"HAL_MARLIN_CONFIG\(BM," + numbers, tiles.group(1))
+        blocks = [int(b) for b in re.findall(rf"\b{per_block}\((\d+)\)", body.group(1))]
+        return [(bm, *map(int, c)) for bm in blocks for c in configs]
+
+    rows = (expand("HAL_MARLIN_CONFIGS_FOR_BLOCK", "HAL_MARLIN_ALL_CONFIGS")
+            + expand("HAL_MARLIN_WGMMA_CONFIGS_FOR_BLOCK", "HAL_MARLIN_WGMMA_CONFIGS"))
     return tuple(LaunchConfig(i, *row) for i, row in enumerate(rows))
 
 
@@ -318,6 +323,7 @@ def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, pe
     block = max(memory, compute) + outputs if serial_epilogue else max(memory + outputs, compute)
     resident = min(per_sm, rounds)
     return rounds * (block + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
+
 
 
 def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, gemm: int,

@@ -9,7 +9,7 @@
 //           16), so thread_n / 64 warps split N and the rest split K inside the block.
 // threads   128 or 256.
 // stages    depth of the cp.async pipeline (3 or 4): enough loads in flight to cover HBM latency.
-// mma       0: mma.sync m16n8k16; 1: wgmma m64n64k16 (Mma in marlin_moe_gemm.cuh).
+// mma       0: mma.sync m16n8k16; 1: wgmma m64nNk16 with N = block_m (Mma in marlin_moe_gemm.cuh).
 // The last one stages 128 x 256 tiles 4 deep (133 KB at block_m 64): Hopper/Ampere datacenter parts
 // hold it, 99 KiB consumer parts (sm_86/89/120) do not, and the chooser must skip it there.
 // The order is the "first_valid" baseline's order: small tiles first. backends/marlin/configs.py reads
@@ -25,12 +25,18 @@
   HAL_MARLIN_CONFIG(BM, 128, 256, 256, 4, 0)
 
 // bf16 builds for sm_90a (HAL_MARLIN_WGMMA, set by backends/marlin/build.py) add the wgmma configs:
-// block_m 64, each warpgroup owning two or four 64-column slabs.
-#define HAL_MARLIN_WGMMA_CONFIGS                     \
-  HAL_MARLIN_CONFIG(64, 64, 128, 128, 4, 1)          \
-  HAL_MARLIN_CONFIG(64, 64, 256, 256, 4, 1)          \
-  HAL_MARLIN_CONFIG(64, 64, 256, 128, 3, 1)          \
-  HAL_MARLIN_CONFIG(64, 128, 256, 256, 4, 1)
+// these four tiles at block_m 48 and 64 (wgmma m64nNk16, N = block_m), each warpgroup owning two
+// or four 64-column slabs. At block_m 16 and 32 the same tiles on wgmma were slower than on
+// mma.sync at each of the 7 points where the config rule took them (docs/backends/marlin.md).
+#define HAL_MARLIN_WGMMA_CONFIGS_FOR_BLOCK(BM)       \
+  HAL_MARLIN_CONFIG(BM, 64, 128, 128, 4, 1)          \
+  HAL_MARLIN_CONFIG(BM, 64, 256, 256, 4, 1)          \
+  HAL_MARLIN_CONFIG(BM, 64, 256, 128, 3, 1)          \
+  HAL_MARLIN_CONFIG(BM, 128, 256, 256, 4, 1)
+
+#define HAL_MARLIN_WGMMA_CONFIGS              \
+  HAL_MARLIN_WGMMA_CONFIGS_FOR_BLOCK(48)      \
+  HAL_MARLIN_WGMMA_CONFIGS_FOR_BLOCK(64)
 
 #if defined(HAL_MARLIN_WGMMA) && HAL_MARLIN_WGMMA
 #define HAL_MARLIN_ARCH_CONFIGS HAL_MARLIN_WGMMA_CONFIGS

@@ -15,10 +15,10 @@
 // 32-bit word with 4 shift/lop3/sub/mul quadruples.
 //
 // Two matrix instructions (Mma below). mma.sync (sm_80 and later): each warp owns a 64-column
-// slab and issues m16n8k16 per 16 columns and 8 tokens. wgmma (sm_90a, block_m 64): a warpgroup
-// issues m64n64k16 with the same A fragments in registers, one 16-column tile per warp, and the
-// activations read by the tensor cores straight from shared memory, so the mma no longer waits on
-// ldmatrix and a warp's issue slots go to the dequantization.
+// slab and issues m16n8k16 per 16 columns and 8 tokens. wgmma (sm_90a, block_m 48, 64): a warpgroup
+// issues m64nNk16 (N = block_m) with the same A fragments in registers, one 16-column tile per
+// warp, and the activations read by the tensor cores straight from shared memory, so the mma no
+// longer waits on ldmatrix and a warp's issue slots go to the dequantization.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -148,33 +148,52 @@ enum Mma : int { kMmaSync = 0, kWgmma = 1 };
 #define HAL_MARLIN_HAS_WGMMA 0
 #endif
 
-// wgmma m64n64k16, D += A * B: A (the dequantized weights) in registers, B (64 tokens x 16 k,
-// K-major) in shared memory through `desc`, fp32 D in d[32] in the mma.sync C layout per 8 tokens.
-#define HAL_MARLIN_WGMMA_M64N64K16(TYPE)                                                            \
-  asm volatile(                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                    \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                               \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, "      \
-      "p, 1, 1, 0;\n}\n"                                                                            \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),          \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),      \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),   \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),   \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                          \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+// wgmma m64nNk16 (N = block_m: 48 or 64 tokens), D += A * B: A (the dequantized weights)
+// in registers, B (N tokens x 16 k, K-major) in shared memory through `desc`, fp32 D in d[N / 2]
+// in the mma.sync C layout per 8 tokens. The asm spells each N's operand list: N / 2 accumulator
+// registers, then the four A registers and the descriptor.
+#define HAL_MARLIN_D8(i)                                                                           \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),      \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define HAL_MARLIN_OPERANDS_N48                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "                                  \
+  "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28"
+#define HAL_MARLIN_OPERANDS_N64                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "                                  \
+  "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "                                   \
+  "%26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
+#define HAL_MARLIN_WGMMA_ASM(SHAPE, TYPE, OPERANDS, ...)                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                          \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " OPERANDS            \
+               ", p, 1, 1, 0;\n}\n"                                                                \
+               : __VA_ARGS__                                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+#define HAL_MARLIN_WGMMA_OF_TYPE(SHAPE, OPERANDS, ...)                                             \
+  if constexpr (std::is_same_v<T, __half>) {                                                       \
+    HAL_MARLIN_WGMMA_ASM(SHAPE, "f16", OPERANDS, __VA_ARGS__);                                     \
+  } else {                                                                                         \
+    HAL_MARLIN_WGMMA_ASM(SHAPE, "bf16", OPERANDS, __VA_ARGS__);                                    \
+  }
 
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, uint64_t desc) {
+// Any other N issues nothing: an mma.sync config's block compiles the wgmma stage but never runs
+// it, and Tile asserts the block_m of a wgmma config.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16(float* d, const uint32_t* a, uint64_t desc) {
 #if HAL_MARLIN_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __half>) {
-    HAL_MARLIN_WGMMA_M64N64K16("f16");
-  } else {
-    HAL_MARLIN_WGMMA_M64N64K16("bf16");
+  if constexpr (N == 48) {
+    HAL_MARLIN_WGMMA_OF_TYPE("m64n48k16", HAL_MARLIN_OPERANDS_N48, HAL_MARLIN_D8(0), HAL_MARLIN_D8(8),
+                             HAL_MARLIN_D8(16))
+  } else if constexpr (N == 64) {
+    HAL_MARLIN_WGMMA_OF_TYPE("m64n64k16", HAL_MARLIN_OPERANDS_N64, HAL_MARLIN_D8(0), HAL_MARLIN_D8(8),
+                             HAL_MARLIN_D8(16), HAL_MARLIN_D8(24))
   }
 #endif
 }
-#undef HAL_MARLIN_WGMMA_M64N64K16
+#undef HAL_MARLIN_WGMMA_OF_TYPE
+#undef HAL_MARLIN_WGMMA_ASM
+#undef HAL_MARLIN_OPERANDS_N48
+#undef HAL_MARLIN_OPERANDS_N64
+#undef HAL_MARLIN_D8
 
 // Shared-memory matrix descriptor of a K-major tile stored in 128-byte rows with the 128-byte
 // swizzle (16-byte chunk c of row r at c ^ (r % 8)), 8-row groups 1024 bytes apart; the tile's
@@ -286,9 +305,9 @@ struct Tile {
   static_assert(TN % 64 == 0 && kWarps % kWarpsN == 0, "each warp owns 64 columns");
   static_assert((TK / 16) % kWarpsK == 0, "k16 steps split evenly over the K warps");
   static_assert(kWUnits % THREADS == 0 && kSUnits <= THREADS, "loads split evenly");
-  static_assert(!kWg || (BM == 64 && THREADS % 128 == 0 && kWarpsN % (THREADS / 128) == 0 &&
-                         kSlabsPerGroup % 2 == 0 && kSlabsPerGroup <= 4),
-                "wgmma: block_m 64 (n64), whole warpgroups, pairs of slabs per warpgroup");
+  static_assert(!kWg || ((BM == 48 || BM == 64) && THREADS % 128 == 0 &&
+                         kWarpsN % (THREADS / 128) == 0 && kSlabsPerGroup % 2 == 0 && kSlabsPerGroup <= 4),
+                "wgmma: block_m 48 or 64 (its n), whole warpgroups, pairs of slabs per warpgroup");
 };
 
 // One MoE block: C[routes of the block, n0 : n0 + TN] over one K slice. smem: the pipeline's
@@ -424,7 +443,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
   };
 
   // Per k16 step the warp dequantizes its accumulator tiles' A fragments while the previous step's
-  // wgmmas run (fragments double-buffered by step parity), then the warpgroup issues one m64n64k16
+  // wgmmas run (fragments double-buffered by step parity), then the warpgroup issues one m64nNk16
   // per tile. The stage's wgmmas are complete before it returns: its shared memory is refilled next.
   auto compute_stage_wgmma = [&](int stage) {
     const int4* s_a = smem + stage * G::kStageUnits;
@@ -452,7 +471,7 @@ __device__ __forceinline__ void gemm_block(const GemmParams<T>& p, const int exp
       const uint64_t desc = wgmma_desc_sw128(a_base + (ks / 4) * BM * 128 + (ks % 4) * 32);
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < G::kAccTiles; ++j) wgmma_m64n64k16<T>(&acc[j][0][0], frag[ks % 2][j], desc);
+      for (int j = 0; j < G::kAccTiles; ++j) wgmma_m64k16<T, BM>(&acc[j][0][0], frag[ks % 2][j], desc);
       wgmma_commit();
       wgmma_wait<1>();
     }

@@ -51,8 +51,9 @@ def shapes():
 
 def test_header_is_the_candidate_table():
     cands = configs.candidates()
-    assert len(cands) == 5 * 6 + 4  # six per block_m, then the wgmma build's
-    assert [c.mma for c in cands] == [0] * 30 + [1] * 4
+    assert len(cands) == 5 * 6 + 2 * 4  # six per block_m, then the wgmma build's four per block_m
+    assert [c.mma for c in cands] == [0] * 30 + [1] * 8
+    assert [c.block_m for c in cands if c.mma] == [48] * 4 + [64] * 4
     assert [c.index for c in cands] == list(range(len(cands)))
     assert {c.block_m for c in cands} == set(configs.BLOCK_M_CHOICES)
     big = next(c for c in cands if (c.block_m, c.thread_k, c.thread_n, c.threads) == (64, 128, 128, 256))

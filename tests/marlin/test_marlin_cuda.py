@@ -202,7 +202,8 @@ def test_fused_epilogues_at_every_k_split(activation):
         ref = ops.moe_tokens(spec, x, tw.float(), ti, w, compute_dtype=torch.float64)
         compiled = kernel.kernel_attributes()
         for cfg in (c for c in configs.candidates() if c.index in compiled and c.describe() in (
-                "m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4", "m64 k64 n256 t256 s4 wgmma",
+                "m8 k64 n256 t128 s3", "m16 k128 n64 t128 s4", "m48 k64 n256 t256 s4 wgmma",
+                "m48 k64 n256 t128 s3 wgmma", "m64 k64 n256 t256 s4 wgmma",
                 "m64 k64 n256 t128 s3 wgmma")):
             for s13, s2, fusion in itertools.product(configs.split_options(cfg, spec.hidden_size),
                                                      configs.split_options(cfg, spec.intermediate_size),
