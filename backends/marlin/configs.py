@@ -59,7 +59,7 @@ GRID_M_SLACK = 2
 # SM runs ceil(thread blocks / SMs) blocks one after another, each block's work is the larger of
 # its mainloop's bytes (int4 weight tile, bf16 activations) and its multiply-adds over
 # MACS_PER_BYTE, then its epilogue's output bytes (they follow the mainloop), plus
-# CTA_FIXED_BYTES (pipeline fill, scale loads, epilogue); an SM with r
+# cta_fixed_bytes (pipeline fill, scale loads, epilogue); an SM with r
 # resident blocks works at r / (r + HALF_RATE_BLOCKS) of its rate (one block stalls the SM at
 # every stage barrier; a second one fills those stalls). Activation bytes count in full, for every
 # row of the block, although they come from L2 and padding rows are not read at all: a block
@@ -73,7 +73,14 @@ MACS_PER_BYTE = 64  # W4A16 mma.sync multiply-adds per streamed byte where compu
 # Dequantizing a weight tile costs a block as much as this many rows of multiply-adds (the lop3,
 # sub and mul per register run beside the mma, once per block however many rows it holds).
 DEQUANT_ROWS = 16
-CTA_FIXED_BYTES = 4096  # ~0.13 us of one SM's share of 4 TB/s
+# A block's fixed cost is a time: CTA_FIXED_BYTES at one SM's share of the bandwidth of the GPU the
+# constants were fitted on (the H200: 4814 GB/s over 132 SMs, about 112 ns). Elsewhere it is the same
+# time at that GPU's own share (cta_fixed_bytes): fewer bytes where the share is smaller, so K splits
+# cost less. On the H100 (3350 GB/s) that took the rule from 8.0% to 6.9% above the fastest measured
+# choice on average over a recorded 4-32 token sweep, 23% to 15% at worst (qwen3-235b-a22b at 8
+# tokens: GEMM 1 split 4 ways, 197 us, where unsplit it ran 236 us).
+CTA_FIXED_BYTES = 4096
+FITTED_BYTES_PER_SM_S = 4814.3e9 / 132
 HALF_RATE_BLOCKS = 1.0
 OUTPUT_BYTES = 4  # an fp32 partial (GEMM 1 with K splits) or atomic (GEMM 2) per output element
 # Configs within this fraction of the cheapest count as equal; among them the most resident blocks
@@ -322,8 +329,15 @@ def gemm_cost(gpu: GpuCaps, spec: MoESpec, tokens: int, config: LaunchConfig, pe
     compute = (config.block_m + DEQUANT_ROWS) * config.thread_n * k_split / MACS_PER_BYTE
     block = max(memory, compute) + outputs if serial_epilogue else max(memory + outputs, compute)
     resident = min(per_sm, rounds)
-    return rounds * (block + CTA_FIXED_BYTES) * (resident + HALF_RATE_BLOCKS) / resident
+    return rounds * (block + cta_fixed_bytes(gpu)) * (resident + HALF_RATE_BLOCKS) / resident
 
+
+def cta_fixed_bytes(gpu: GpuCaps) -> float:
+    """A block's fixed cost in bytes at one SM's share of this GPU's bandwidth (CTA_FIXED_BYTES
+    where the bandwidth or SM count is unknown)."""
+    if not gpu.mem_bandwidth_gbps or not gpu.sm_count:
+        return CTA_FIXED_BYTES
+    return CTA_FIXED_BYTES * gpu.mem_bandwidth_gbps * 1e9 / gpu.sm_count / FITTED_BYTES_PER_SM_S
 
 
 def choose_gemm(gpu: GpuCaps, table: dict, spec: MoESpec, tokens: int, block_m: int, gemm: int,
