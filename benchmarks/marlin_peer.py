@@ -394,7 +394,7 @@ def ab_variants() -> tuple:
     from backends.marlin import configs
 
     return ("occupancy_first", "sequential", "no_prefetch", *(f"fusion_{f}" for f in configs.FUSIONS),
-            "overlapped_epilogue", "mma_sync")
+            "overlapped_epilogue", "mma_sync", "fitted_fixed_cost")
 
 
 def rel_diff(out, ref) -> float:
@@ -425,12 +425,15 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
                    for name, overlap in (("sequential", 0), ("no_prefetch", 1)) if name in ab]
         forced += [(f"fusion_{f}", *same, None, f) for f in configs.FUSIONS
                    if f != rule.fusion and f"fusion_{f}" in ab]
-        # The cost model with the epilogue inside the mainloop's time, and without the wgmma
-        # configs, where either chooses otherwise.
+        # The cost model with the epilogue inside the mainloop's time, without the wgmma configs,
+        # and with a block's fixed cost in the bytes of the GPU the model was fitted on (not at
+        # this GPU's bandwidth share), where any chooses otherwise.
         table = kernel.kernel_attributes()
         mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
         others = {"overlapped_epilogue": dict(table=table, serial_epilogue=False),
-                  "mma_sync": dict(table=mma_sync)}
+                  "mma_sync": dict(table=mma_sync),
+                  "fitted_fixed_cost": dict(table=table,
+                                            gpu=attrs.evolve(kernel._gpu, mem_bandwidth_gbps=None))}
 
         def launches(c):
             return c.block_m, c.gemm13.config, c.gemm13.splits, c.gemm2.config, c.gemm2.splits
@@ -438,8 +441,8 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         for name, how in others.items():
             if name not in ab:
                 continue
-            other = configs.choose_layer(kernel._gpu, spec=layer.spec, tokens_bucket=rule.tokens_bucket,
-                                         **how)
+            other = configs.choose_layer(**{"gpu": kernel._gpu, **how}, spec=layer.spec,
+                                         tokens_bucket=rule.tokens_bucket)
             if launches(other) != launches(rule):
                 forced.append((name, other.block_m, other.gemm13, other.gemm2, None, None))
         for name, bm, g13, g2, overlap, fusion in forced:
@@ -608,8 +611,9 @@ def main() -> int:
                              "(no_prefetch), with each other epilogue fusion (fusion_none, "
                              "fusion_activation, fusion_activation_and_rounding: five, four or three "
                              "launches); the cost model's choice with the epilogue inside the mainloop's "
-                             "time (overlapped_epilogue) and without the wgmma configs (mma_sync), where "
-                             "either differs")
+                             "time (overlapped_epilogue), without the wgmma configs (mma_sync) and "
+                             "with a block's fixed cost in the bytes of the GPU the model was fitted on "
+                             "(fitted_fixed_cost), where any differs")
     parser.add_argument("--triton-moe", action="store_true",
                         help="also time triton_moe's int4 (its default path) on the same weights and inputs")
     parser.add_argument("--ceilings", action="store_true",
