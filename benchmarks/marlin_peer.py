@@ -429,9 +429,8 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
         # and with a block's fixed cost in the bytes of the GPU the model was fitted on (not at
         # this GPU's bandwidth share), where any chooses otherwise.
         table = kernel.kernel_attributes()
-        mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
         others = {"overlapped_epilogue": dict(table=table, serial_epilogue=False),
-                  "mma_sync": dict(table=mma_sync),
+                  "mma_sync": dict(table=configs.mma_sync_only(table)),
                   "fitted_fixed_cost": dict(table=table,
                                             gpu=attrs.evolve(kernel._gpu, mem_bandwidth_gbps=None))}
 

@@ -439,6 +439,11 @@ def attrs_table(rows: Sequence[Sequence[int]]) -> dict:
                            local_bytes=int(r[9])) for i, r in enumerate(rows)}
 
 
+def mma_sync_only(table: dict) -> dict:
+    """`table` without its wgmma configs: what a build without wgmma would offer the rule."""
+    return {i: a for i, a in table.items() if not candidates()[i].mma}
+
+
 def check_table_matches(rows: Sequence[Sequence[int]]) -> Optional[str]:
     """A compiled table whose geometry differs from the header's is a stale build: say so. A build
     without wgmma holds the mma.sync configs only."""

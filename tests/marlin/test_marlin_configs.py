@@ -319,7 +319,7 @@ def test_wgmma_twin_replaces_the_same_tile_and_nothing_else(shape):
     gpu = hal.probe(profile="h100").gpus[0]
     spec = shapes()[shape]
     table = synthetic_attrs()
-    mma_sync = {i: a for i, a in table.items() if not configs.candidates()[i].mma}
+    mma_sync = configs.mma_sync_only(table)
     for tokens in TOKENS:
         both = configs.choose_layer(gpu, table, spec, configs.token_bucket(tokens))
         plain = configs.choose_layer(gpu, mma_sync, spec, configs.token_bucket(tokens))
