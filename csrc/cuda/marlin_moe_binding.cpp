@@ -48,14 +48,16 @@ int64_t max_blocks_for(int64_t routes, int64_t num_experts, int64_t block_m) {
 // wgmma), dynamic smem bytes, registers per thread, static smem bytes, local (spill) bytes, max
 // threads per block.
 Tensor kernel_attributes() {
+  constexpr int kColumns = 11;
   const int n = hal_marlin::num_configs();
-  Tensor table = at::empty({n, 11}, at::kLong);
+  Tensor table = at::empty({n, kColumns}, at::kLong);
   auto rows = table.accessor<int64_t, 2>();
   for (int i = 0; i < n; ++i) {
     const hal_marlin::KernelInfo k = info_of(i);
-    const int64_t values[11] = {k.block_m,      k.thread_k, k.thread_n,    k.threads,     k.stages,     k.mma,
-                                k.dynamic_smem, k.num_regs, k.static_smem, k.local_bytes, k.max_threads};
-    for (int j = 0; j < 11; ++j) rows[i][j] = values[j];
+    const int64_t values[kColumns] = {k.block_m, k.thread_k, k.thread_n, k.threads, k.stages, k.mma,
+                                      k.dynamic_smem, k.num_regs, k.static_smem, k.local_bytes,
+                                      k.max_threads};
+    for (int j = 0; j < kColumns; ++j) rows[i][j] = values[j];
   }
   return table;
 }
