@@ -9,6 +9,8 @@ group "hal.backends"; hal/ never imports a backend module by name.
     build(spec, target) -> kernel       a subclass of the op's template in hal.kernel; checks the
                                         toolchain (compiler, nvcc, Triton) and raises if it lacks one
     priority  optional int (default 0): among equal ranks the higher wins, then the name
+    act_quants optional tuple (default ("none",)): the activation numerics (MoESpec.act_quant) its
+              kernels compute; selection rejects the others before check() is asked
 """
 
 from __future__ import annotations
@@ -25,6 +27,26 @@ from hal.verdict import Verdict
 RANK_REFERENCE = 0  # the portable oracle: below every fast path
 RANK_PORTABLE_FAST = 50  # a compiled kernel that runs on any CPU/GPU of its kind
 RANK_SPECIALIZED = 100  # a kernel built for this exact hardware feature (AMX, mma.sync, ...)
+
+
+def act_quant_problems(backend, spec) -> list:
+    """Why `backend` cannot compute the spec's activation numerics, if it cannot: a kernel held to
+    the oracle of other numerics would be off by their difference (several percent for fp8)."""
+    wanted = getattr(spec, "act_quant", "none")
+    served = getattr(backend, "act_quants", ("none",))
+    if wanted in served:
+        return []
+    return [f"act_quant={wanted!r}: its kernels compute " + ", ".join(repr(a) for a in served)]
+
+
+def checked(backend, spec, target: Target) -> Verdict:
+    """The backend's verdict on `spec` with the activation numerics it declares held to first:
+    every reason from both."""
+    verdict = backend.check(spec, target)
+    numerics = act_quant_problems(backend, spec)
+    if not numerics:
+        return verdict
+    return Verdict.from_reasons(numerics + ([] if verdict.ok else list(verdict.reasons)))
 
 
 def triton_interpreting() -> bool:

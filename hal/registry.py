@@ -30,7 +30,7 @@ from typing import Optional
 import attrs
 
 from hal import ops
-from hal.backend import Backend, Target
+from hal.backend import Backend, Target, checked
 from hal.caps import Caps
 from hal.live import refine
 from hal.spec import MoESpec, RequantSpec
@@ -171,7 +171,7 @@ def _candidate(found: Discovered, op: ops.Op, spec, target: Target, forced: bool
         return Candidate(found.name, Verdict.reject(f"does not serve op {op.name!r}"), forced=forced)
     priority = getattr(backend, "priority", 0)
     try:
-        verdict = backend.check(spec, target)
+        verdict = checked(backend, spec, target)
         rank = backend.rank(spec, target) if verdict.ok else None
     except Exception as exc:  # a buggy backend is rejected, not fatal
         return Candidate(found.name, Verdict.reject(f"check raised {type(exc).__name__}: {exc}"),

@@ -13,6 +13,10 @@ WEIGHT_FORMATS = ("bf16", "fp8_block128", "mxfp4", "int4_g128", "w4afp8")
 ACTIVATIONS = ("silu", "swiglu_oai", "relu2")
 LAYOUTS = ("tokens", "masked")
 ACT_DTYPES = ("bfloat16", "float16")
+# How a layer quantizes the activations each GEMM reads (docs/contract.md, "Activation numerics"):
+# "none" keeps them in act_dtype; "fp8_g128" quantizes them dynamically to e4m3 per token and 128
+# columns (DeepSeek-V3's serving numerics: vLLM 0.33.0's per_token_group_quant_fp8, SGLang, DeepGEMM).
+ACT_QUANTS = ("none", "fp8_g128")
 
 FP8_BLOCK = 128  # DeepSeek-V3 / Qwen3 FP8 checkpoints: one fp32 scale per 128x128 weight block
 MXFP4_GROUP = 32  # OCP MX: one e8m0 scale per 32 e2m1 values along K
@@ -70,6 +74,7 @@ class MoESpec:
     group_size: int = attrs.field(default=128)
     swiglu_alpha: float = attrs.field(default=1.702, validator=_finite_real)
     swiglu_limit: float = attrs.field(default=7.0, validator=_finite_real)
+    act_quant: str = attrs.field(default="none", validator=_one_of(ACT_QUANTS))
 
     def __attrs_post_init__(self):
         if self.top_k > self.num_experts:
@@ -96,6 +101,8 @@ class MoESpec:
             _fail("layout", self.layout, "'masked' for weight_format=w4afp8 (DeepEP low-latency)")
         if self.layout == "masked" and self.weight_format != "w4afp8":
             _fail("layout", self.layout, "'tokens' unless weight_format is w4afp8")
+        if self.act_quant != "none" and self.layout != "tokens":
+            _fail("act_quant", self.act_quant, "'none' for layout='masked' (its input is already e4m3)")
         if self.has_bias and self.weight_format == "w4afp8":
             _fail("has_bias", True, "False for weight_format=w4afp8")
 

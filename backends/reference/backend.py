@@ -11,6 +11,7 @@ class ReferenceBackend:
     # check() runs on every `hal probe`, so this module imports no torch; build() does.
     name = "reference"
     ops = ("moe", "moe_masked", "requant")
+    act_quants = ("none", "fp8_g128")
 
     def check(self, spec, target) -> Verdict:
         where = "CPU" if target.is_cpu else target.device

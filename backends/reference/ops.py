@@ -29,14 +29,34 @@ def checkpoint_experts(spec: MoESpec, weights, dtype) -> ExpertWeights:
     return get
 
 
+FP8_ACT_GROUP = 128
+FP8_MIN_AMAX = 1e-12  # an all-zero slice quantizes to zeros instead of dividing by zero
+
+
+def fp8_groups(values: torch.Tensor) -> torch.Tensor:
+    """act_quant="fp8_g128": values [rows, cols] quantized to e4m3 per row and 128 columns and
+    back, in values' dtype. The quantization is fp32 arithmetic, as specified: s = max(max|v|,
+    1e-12) / 448 over each 1 x 128 slice, q = e4m3(clamp(v / s, +-448)) rounded to nearest even."""
+    rows, cols = values.shape
+    groups = torch.nn.functional.pad(values.float(), (0, (-cols) % FP8_ACT_GROUP)).view(rows, -1, FP8_ACT_GROUP)
+    limit = fp8_max(torch.float8_e4m3fn)
+    scale = groups.abs().amax(-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / limit
+    q = (groups / scale).clamp(-limit, limit).to(torch.float8_e4m3fn)
+    return (q.to(values.dtype) * scale.to(values.dtype)).view(rows, -1)[:, :cols]
+
+
 def ffn(spec: MoESpec, x: torch.Tensor, expert: tuple) -> torch.Tensor:
     w13, w2, b13, b2 = expert
-    h = x @ w13.T
+    quantized = spec.act_quant == "fp8_g128"
+    h = (fp8_groups(x) if quantized else x) @ w13.T
     if b13 is not None:
         h = h + b13
     # The activation runs in at least fp32, as the fused kernels do between their GEMMs.
     act_dtype = torch.promote_types(h.dtype, torch.float32)
-    y = activation.apply(spec, h.to(act_dtype)).to(w2.dtype) @ w2.T
+    a = activation.apply(spec, h.to(act_dtype))
+    if quantized:  # GEMM 2 reads the activation as the layer stores it, in act_dtype, then quantized
+        a = fp8_groups(a.to(getattr(torch, spec.act_dtype)).to(act_dtype))
+    y = a.to(w2.dtype) @ w2.T
     if b2 is not None:
         y = y + b2
     return y

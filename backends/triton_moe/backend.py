@@ -50,6 +50,7 @@ def _leads_marlin(spec, gpu) -> bool:
 class TritonMoEBackend:
     name = NAME
     ops = ("moe",)
+    act_quants = support.ACT_QUANTS
 
     def check(self, spec, target) -> Verdict:
         reasons = support.spec_problems(spec) + _target_problems(spec, target)

@@ -386,6 +386,13 @@ def moe_gemm_kernel(
             # Columns past N hold zeros (their weight rows and bias were masked to 0, and every
             # activation maps 0 to 0), so they do not change a row's max.
             tl.static_assert(BLOCK_N == 128, "the fp8 epilogue quantizes one 128-column group per tile")
+            if A_TERMS == 1:
+                # w8a8 (act_quant fp8_g128) quantizes the activation as the layer stores it between
+                # the GEMMs, in the activations' 16-bit dtype, as GEMM 2 does where h is stored.
+                if A_FORMAT == "fp16":
+                    h = h.to(tl.float16).to(tl.float32)
+                else:
+                    h = h.to(tl.bfloat16).to(tl.float32)
             q, scale = quantize_rows(h, out_ptr.dtype.element_ty)
             out_row = out_ptr + rows_m[:, None].to(tl.int64) * (N * A_TERMS) + offs_n[None, :]
             tl.store(out_row, q, mask=out_mask)

@@ -150,6 +150,13 @@ class TritonMoEKernel(MoEKernel):
         super().__init__(spec, target)
         if fp8_act is not None and fp8_act not in configs.FP8_ACT_VALUES:
             raise ValueError(f"fp8_act={fp8_act!r} is not allowed: expected None, False, True or 'x2'")
+        if spec.act_quant == "fp8_g128":
+            # The spec's numerics are w8a8's: the kernels must quantize as the oracle does, so
+            # neither the 16-bit GEMV nor the two-term activations may stand in for them.
+            if fp8_act not in (None, True) or gemv:
+                raise ValueError(f"fp8_act={fp8_act!r}, gemv={gemv!r}: act_quant='fp8_g128' runs "
+                                 "w8a8 (fp8_act=True) through the grouped GEMMs")
+            fp8_act, gemv = True, False
         self.fp8_act = fp8_act
         self.dot_f32 = triton_interpreting() if dot_f32 is None else dot_f32
         if mxfp4_path not in (None, *MXFP4_PATHS):
@@ -163,7 +170,7 @@ class TritonMoEKernel(MoEKernel):
         self.gemv = gemv
         self.swap_ab = swap_ab
         self.grouped_n = grouped_n
-        if fp8_act is not None:
+        if fp8_act is not None and spec.act_quant == "none":
             self.variant = {False: "w8a16", True: "w8a8", "x2": "w8a8x2"}[fp8_act]
         elif mxfp4_path is not None or int4_path is not None:
             self.variant = mxfp4_path or int4_path
@@ -175,8 +182,11 @@ class TritonMoEKernel(MoEKernel):
         if self.variant != "default":
             return {}
         if self.spec.weight_format == "fp8_block128":
-            return {"w8a16": TritonMoEKernel(self.spec, self.target, fp8_act=False),
-                    "w8a8": TritonMoEKernel(self.spec, self.target, fp8_act=True)}
+            exact = attrs.evolve(self.spec, act_quant="none")
+            if self.spec.act_quant != "none":  # the default exact numerics, timed beside w8a8
+                return {"exact": TritonMoEKernel(exact, self.target)}
+            return {"w8a16": TritonMoEKernel(exact, self.target, fp8_act=False),
+                    "w8a8": TritonMoEKernel(exact, self.target, fp8_act=True)}
         if self.spec.weight_format == "mxfp4" and not self.dot_f32:
             other = "bits" if self.mxfp4_path == "dot_scaled" else "dot_scaled"
             return {other: TritonMoEKernel(self.spec, self.target, mxfp4_path=other)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hal.spec import MoESpec
 
 FORMATS = ("bf16", "fp8_block128", "mxfp4", "int4_g128")
+ACT_QUANTS = ("none", "fp8_g128")  # fp8_g128: the w8a8 kernels, fp8 weights on FP8 tensor cores
 MIN_NVIDIA_CAPABILITY = (8, 0)  # mma.sync bf16 tensor cores, cp.async
 # Triton converts OCP e4m3 only on NVIDIA sm_89+ and AMD CDNA3; RDNA3 has no fp8 at all.
 MIN_NVIDIA_FP8_CAPABILITY = (8, 9)
@@ -21,6 +22,9 @@ def spec_problems(spec) -> list:
         problems.append(f"layout={spec.layout!r}: serves the token layout only")
     if spec.weight_format not in FORMATS:
         problems.append(f"weight_format={spec.weight_format!r}: serves " + ", ".join(FORMATS))
+    if spec.act_quant == "fp8_g128" and spec.weight_format != "fp8_block128":
+        problems.append(f"act_quant='fp8_g128' with weight_format={spec.weight_format!r}: the w8a8 "
+                        "kernels quantize activations for fp8_block128 weights only")
     return problems
 
 
@@ -45,6 +49,8 @@ def gpu_problems(spec, gpu) -> list:
         if fp8 and cc < MIN_NVIDIA_FP8_CAPABILITY:
             return [f"{arch} is below sm_89: Triton converts e4m3 weights only from sm_89"]
         return []
+    if isinstance(spec, MoESpec) and spec.act_quant == "fp8_g128":
+        return [f"act_quant='fp8_g128' on {name}: the w8a8 kernels need NVIDIA FP8 tensor cores (sm_89+)"]
     if gpu.vendor == "amd":
         if not arch.startswith(AMD_ARCH_PREFIXES):
             return [f"{name} ({arch or 'unknown arch'}) is not a CDNA2/3 or RDNA3/4 GPU"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hal import presets
-from hal.spec import ACT_DTYPES, ACTIVATIONS, WEIGHT_FORMATS, MoESpec
+from hal.spec import ACT_DTYPES, ACT_QUANTS, ACTIVATIONS, WEIGHT_FORMATS, MoESpec
 
 
 def add(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -21,6 +21,8 @@ def add(parser: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--bias", action="store_true", default=None, help="the experts have biases")
     g.add_argument("--local-experts", type=int, help="expert parallelism: experts on this rank")
     g.add_argument("--act-dtype", choices=ACT_DTYPES)
+    g.add_argument("--act-quant", choices=ACT_QUANTS,
+                   help="activation numerics: none (default), or fp8_g128 (e4m3 per token and 128 columns)")
     parser.set_defaults(_spec_required=required)
 
 
@@ -28,7 +30,8 @@ def spec_from(args) -> MoESpec:
     overrides = {k: v for k, v in dict(
         num_experts=args.experts, top_k=args.top_k, hidden_size=args.hidden,
         intermediate_size=args.intermediate, activation=args.activation, has_bias=args.bias,
-        num_local_experts=args.local_experts, act_dtype=args.act_dtype).items() if v is not None}
+        num_local_experts=args.local_experts, act_dtype=args.act_dtype,
+        act_quant=args.act_quant).items() if v is not None}
     if args.model:
         return presets.get(args.model).spec(args.format, **overrides)
     missing = [flag for flag, key in (("--experts", "num_experts"), ("--top-k", "top_k"),

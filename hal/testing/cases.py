@@ -10,7 +10,7 @@ from typing import Optional
 import attrs
 
 from hal import ops
-from hal.backend import Target
+from hal.backend import Target, checked
 from hal.caps import Caps
 from hal.spec import MoESpec, RequantSpec
 
@@ -40,6 +40,11 @@ MOE_SPECS = {
     "int4-fp16-swiglu": MoESpec(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128,
                                 weight_format="int4_g128", activation="swiglu_oai",
                                 act_dtype="float16"),
+    "fp8-w8a8-silu-ragged": MoESpec(num_experts=8, top_k=2, hidden_size=160, intermediate_size=96,
+                                    weight_format="fp8_block128", act_quant="fp8_g128"),
+    "fp8-w8a8-swiglu-bias-ep": MoESpec(num_experts=12, top_k=3, hidden_size=256, intermediate_size=160,
+                                       weight_format="fp8_block128", activation="swiglu_oai",
+                                       has_bias=True, num_local_experts=5, act_quant="fp8_g128"),
 }
 MASKED_SPECS = {
     "w4afp8-silu": MoESpec(num_experts=3, top_k=2, hidden_size=256, intermediate_size=128,
@@ -147,7 +152,7 @@ def all_cases() -> tuple:
                     continue
                 accepted, why = [], []
                 for spec_id, spec in specs.items():
-                    verdict = backend.check(spec, target)
+                    verdict = checked(backend, spec, target)
                     if verdict.ok:
                         accepted.append(Case(backend.name, device, spec_id, spec, caps, verdict.notes))
                     else:

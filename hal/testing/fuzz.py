@@ -18,6 +18,7 @@ import time
 import attrs
 import torch
 
+from hal.backend import checked
 from hal.spec import MoESpec, RequantSpec
 from hal.testing import harness
 from hal.testing.accuracy import ACCURACY, rel_err
@@ -56,7 +57,7 @@ class Pool:
             for spec_id, spec in bases.items():
                 if not serves(found.backend, spec):  # the registry asks only a backend of the op
                     continue
-                verdict = found.backend.check(spec, target)
+                verdict = checked(found.backend, spec, target)
                 if verdict.ok:
                     case = Case(found.name, device, spec_id, spec, caps, verdict.notes)
                     if interpreted_ok or not case.interpreted:
@@ -329,9 +330,9 @@ def run_valid(rng: random.Random, pool: Pool, index: int, runs: dict) -> str:
     spec = random_valid_spec(rng)
     target = Target(pool.device, caps_for(pool.device))
     found = [f for f in harness.discovered() if f.name in pool.backends and serves(f.backend, spec)
-             and f.backend.check(spec, target).ok]
+             and checked(f.backend, spec, target).ok]
     found = [f for f in found if not Case(f.name, pool.device, "", spec, target.caps,
-                                          f.backend.check(spec, target).notes).interpreted]
+                                          checked(f.backend, spec, target).notes).interpreted]
     if not found:
         runs["no backend"] = runs.get("no backend", 0) + 1
         return ""

@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 import hal
-from hal import ops
+from hal import ops, presets
 from hal.backend import Target
 from hal.caps import Caps
 from hal.registry import Discovered, decide, discover, select_kernel, select_moe_kernel
@@ -260,3 +260,29 @@ def test_marlin_without_a_toolchain_fails_its_build_and_the_next_backend_runs(mo
     marlin = next(c for c in kernel.decision.candidates if c.name == "marlin")
     assert "build failed: ToolchainError" in marlin.verdict.summary()
     assert "nvcc was not found" in marlin.verdict.summary()
+
+
+def test_activation_numerics_a_backend_does_not_declare_are_rejected_with_its_other_reasons():
+    """act_quant is held to each backend's declared act_quants (("none",) when it declares none),
+    before rank: a kernel of other numerics would be off the spec's oracle by their difference."""
+    fp8 = attrs.evolve(SPEC, weight_format="fp8_block128", act_quant="fp8_g128")
+    serving = FakeBackend("w8a8", 1)
+    serving.act_quants = ("none", "fp8_g128")
+    d = decide(fp8, Target("cpu", CAPS), found(FakeBackend("fast", 9, ["needs a GPU"]), serving))
+    assert d.winner == "w8a8"
+    fast = next(c for c in d.candidates if c.name == "fast")
+    assert fast.verdict.reasons == ("act_quant='fp8_g128': its kernels compute 'none'", "needs a GPU")
+    assert decide(attrs.evolve(fp8, act_quant="none"), Target("cpu", CAPS),
+                  found(FakeBackend("fast", 9), serving)).winner == "fast"
+
+
+def test_fp8_activation_numerics_select_triton_moe_w8a8_on_hopper():
+    """On an H100 profile the w8a8 kernels win fp8_g128; the CPU kernels decline it by their
+    declared numerics, so on a CPU only the reference computes it."""
+    spec = presets.get("deepseek-v3").spec("fp8_block128", act_quant="fp8_g128")
+    d = decide(spec, Target("cuda:0", hal.probe(profile="h100")), discover())
+    assert d.winner == "triton_moe"
+    cpu = decide(spec, Target("cpu", hal.probe(profile="emerald-rapids")), discover())
+    assert cpu.winner == "reference"
+    brgemm = next(c for c in cpu.candidates if c.name == "cpu_brgemm")
+    assert "act_quant='fp8_g128'" in brgemm.verdict.summary()

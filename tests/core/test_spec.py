@@ -22,6 +22,8 @@ GOOD = dict(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128)
     (dict(weight_format="w4afp8"), "layout"),
     (dict(layout="masked"), "layout"),
     (dict(act_dtype="float32"), "act_dtype"),
+    (dict(act_quant="int8"), "act_quant"),
+    (dict(act_quant="fp8_g128", weight_format="w4afp8", layout="masked"), "act_quant"),
 ])
 def test_bad_spec_names_the_field(change, field):
     with pytest.raises(ValueError) as err:

@@ -7,7 +7,7 @@ import attrs
 import pytest
 import torch
 
-from backends.reference import activation, dequant, ops
+from backends.reference import ops
 from hal.synth import random_expert_map, random_weights
 from hal.testing.triton_interpreter import fp8_casts_through_torch
 
@@ -15,15 +15,6 @@ from hal.testing.triton_interpreter import fp8_casts_through_torch
 def _oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
     """backends.reference in float64: dropped (-1) routes add nothing there too."""
     return ops.moe_tokens(spec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float64)
-
-
-def _fp8_round_trip(v: torch.Tensor) -> torch.Tensor:
-    """Per-row, per-128-column dynamic e4m3 quantization and back, as the w8a8 kernels do it."""
-    rows, cols = v.shape
-    groups = torch.nn.functional.pad(v, (0, (-cols) % 128)).view(rows, -1, 128)
-    scale = groups.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / 448.0
-    q = (groups.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return (q.double() * scale.double()).view(rows, -1)[:, :cols]
 
 
 def _groups(t: torch.Tensor, cols: int) -> torch.Tensor:
@@ -54,27 +45,10 @@ def _check_e4m3_groups(q, scale, ref, rtol_scale=1e-5):
     assert bool(((q_groups * s - ref_groups).abs() <= bound).all()), "a value is off by more than rounding"
 
 
-def _oracle_w8a8(spec, x, topk_weights, topk_ids, weights, h_fp8=False) -> torch.Tensor:
-    """The float64 MoE with each GEMM's input round-tripped through per-row-and-128-column e4m3, as
-    the w8a8 kernels do. The activation between the GEMMs is quantized from GEMM 1's exact result
-    where GEMM 1's epilogue writes it as e4m3 (h_fp8, the config's field), else first rounded to x's
-    dtype, where it is stored in 16 bits (rounding twice moves about 3% of the e4m3 values by one
-    step: ~1.4% on the output, more than the kernels' own error)."""
-    ids = ops.local_ids(spec, topk_ids, weights.expert_map)
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for e in torch.unique(ids[ids >= 0]).tolist():
-        rows, slots = torch.nonzero(ids == e, as_tuple=True)
-        h = _fp8_round_trip(x[rows].double()) @ dequant.w13(spec, weights, torch.float64, expert=e).T
-        if weights.b13 is not None:
-            h = h + weights.b13[e].double()
-        a = activation.apply(spec, h)
-        if not h_fp8:
-            a = a.to(x.dtype)
-        y = _fp8_round_trip(a.double()) @ dequant.w2(spec, weights, torch.float64, expert=e).T
-        if weights.b2 is not None:
-            y = y + weights.b2[e].double()
-        out.index_add_(0, rows, y * topk_weights[rows, slots].double().unsqueeze(1))
-    return out.to(x.dtype)
+def _oracle_w8a8(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
+    """The float64 oracle of the same layer with act_quant="fp8_g128": each GEMM's input
+    quantized to e4m3 per row and 128 columns, as the w8a8 kernels do."""
+    return _oracle(attrs.evolve(spec, act_quant="fp8_g128"), x, topk_weights, topk_ids, weights)
 
 
 def _weights_for(spec, seed: int, device) -> object:

@@ -172,7 +172,7 @@ def test_split_k(fmt, activation, ep, split1, split2, options, oracle, oracle_w8
     assert (plan.config.gemm1.split_k, plan.config.gemm2.split_k) == (split1, split2)
     assert plan.config.per_route == per_route
     if options.get("fp8_act"):
-        oracle = functools.partial(oracle_w8a8, h_fp8=plan.config.h_fp8)
+        oracle = oracle_w8a8
     run_layer(spec, tokens, oracle, weights_for, kernel=kernel, drop=0.25)
 
 
@@ -267,7 +267,31 @@ def test_w8a8(M, activation, H, I, swap_ab, experts, top_k, oracle_w8a8, weights
     assert config.fp8_act and config.gemm1.swap_ab == ((M < 64 and swap_ab is None) or bool(swap_ab))
     assert "quantize x" in plan.describe()
     assert config.h_fp8 == (config.gemm1.block_n == 128) == (M >= 64 or I == 2048)
-    run_layer(spec, M, functools.partial(oracle_w8a8, h_fp8=config.h_fp8), weights_for, kernel=kernel)
+    run_layer(spec, M, oracle_w8a8, weights_for, kernel=kernel)
+
+
+@pytest.mark.parametrize("M,activation,experts,I", [
+    (2, "silu", 16, 136),  # few routes: the exact numerics would take the 16-bit GEMV here
+    (6, "swiglu_oai", 6, 136),  # decode: h quantized in GEMM 2
+    (4, "silu", 16, 2048),  # 128-wide N tiles: h from GEMM 1's epilogue
+    (130, "relu2", 6, 256),
+])
+def test_act_quant_fp8_runs_w8a8(M, activation, experts, I, oracle, weights_for):
+    """A spec that asks for act_quant="fp8_g128" runs w8a8 through the grouped GEMMs at every size
+    and is held to the oracle of those numerics, which models the quantization."""
+    spec = attrs.evolve(small_spec("fp8_block128", activation, bias=True, ep=True, experts=experts,
+                                   H=200, I=I), act_quant="fp8_g128")
+    kernel = TritonMoEKernel(spec, CPU)
+    config = kernel.plan(M).config
+    assert config.fp8_act and config.gemv1 is None and config.act_terms == 1
+    run_layer(spec, M, oracle, weights_for, kernel=kernel, drop=0.25)
+
+
+@pytest.mark.parametrize("options", [{"fp8_act": False}, {"fp8_act": "x2"}, {"gemv": True}])
+def test_act_quant_fp8_refuses_other_numerics(options):
+    spec = attrs.evolve(small_spec("fp8_block128"), act_quant="fp8_g128")
+    with pytest.raises(ValueError, match="act_quant"):
+        TritonMoEKernel(spec, CPU, **options)
 
 
 def test_w8a8_asked_for_keeps_the_gemv(oracle, weights_for):
@@ -307,8 +331,8 @@ def test_w8a8_quantized_activations(I, fp8_act, M, weights_for, e4m3_groups):
     """The per-call quantization of x (in the grouping's first launch: one program groups 260
     routes, 2200 are counted over several) and GEMM 1's fp8 epilogue, read between the launches:
     the e4m3 values and scales of x, and of h against the float64 activation of x's own e4m3
-    values (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized);
-    with fp8_act="x2" both terms of each."""
+    values (fp32 dots in the interpreter, so h is exact to fp32 rounding before it is quantized;
+    w8a8 rounds it to x's dtype first); with fp8_act="x2" both terms of each."""
     spec = small_spec("fp8_block128", "silu", bias=True, experts=4, top_k=2, H=200, I=I)
     kernel = TritonMoEKernel(spec, CPU, fp8_act=fp8_act)
     terms = kernel.plan(M).config.act_terms
@@ -337,6 +361,8 @@ def test_w8a8_quantized_activations(I, fp8_act, M, weights_for, e4m3_groups):
     g = torch.einsum("rh,rnh->rn", x_deq[routes // spec.top_k], w13[experts])
     g = g + w.b13.double()[experts]
     h_ref = activation.apply(spec, g)
+    if terms == 1:  # w8a8 quantizes h as the layer stores it, in the activations' dtype
+        h_ref = h_ref.to(x.dtype).double()
     _check_terms(scratch["h"][live], scratch["h_scale"][live], h_ref, terms, *e4m3_groups)
 
 
