@@ -38,7 +38,8 @@ def fp8_groups(values: torch.Tensor) -> torch.Tensor:
     back, in values' dtype. The quantization is fp32 arithmetic, as specified: s = max(max|v|,
     1e-12) / 448 over each 1 x 128 slice, q = e4m3(clamp(v / s, +-448)) rounded to nearest even."""
     rows, cols = values.shape
-    groups = torch.nn.functional.pad(values.float(), (0, (-cols) % FP8_ACT_GROUP)).view(rows, -1, FP8_ACT_GROUP)
+    padded = torch.nn.functional.pad(values.float(), (0, (-cols) % FP8_ACT_GROUP))
+    groups = padded.view(rows, -1, FP8_ACT_GROUP)
     limit = fp8_max(torch.float8_e4m3fn)
     scale = groups.abs().amax(-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / limit
     q = (groups / scale).clamp(-limit, limit).to(torch.float8_e4m3fn)

@@ -6,8 +6,6 @@ there) on float16 activations; the GPU tests cover bf16."""
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 import pytest
 import torch
