@@ -9,7 +9,7 @@ import pytest
 from hal.matrix import SUPPORT_MATRIX_COMMAND, main, support_matrix_markdown
 from hal.registry import discover
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.profiles, pytest.mark.cpu]
 
 PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "support-matrix.md"
 
