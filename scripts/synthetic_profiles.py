@@ -78,6 +78,13 @@ def xeon_8570_host(sockets=2):
                mem_bandwidth_gbps=358.4 * sockets)
 
 
+def epyc_7742(sockets=1):
+    return cpu(vendor="AuthenticAMD", model_name="AMD EPYC 7742 64-Core Processor", family=23, model=49,
+               stepping=0, isa=AVX2_ONLY, amx=NO_AMX, cores=64, smt=2, sockets=sockets,
+               caches=_caches(32 * KIB, 32 * KIB, 512 * KIB, 16 * MIB, 8, 2),
+               mem_bandwidth_gbps=204.8 * sockets)
+
+
 def epyc_9654(sockets=1):
     return cpu(vendor="AuthenticAMD", model_name="AMD EPYC 9654 96-Core Processor", family=25, model=17,
                stepping=1, isa=ZEN4_ISA, amx=NO_AMX, cores=96, smt=2, sockets=sockets,
@@ -148,6 +155,14 @@ GENOA = "AMD EPYC 9654: 96 cores / 192 threads, 32 KB L1d, 1 MB L2 per core, 32 
         "12x DDR5-4800 = 460.8 GB/s per socket, AVX-512 incl. BF16 and VNNI, no AMX"
 
 PROFILES = [
+    profile("a100", epyc_7742(sockets=2), [nvidia_gpu(
+        name="NVIDIA A100-SXM4-80GB", cc=(8, 0), sm_count=108, l2_bytes=40 * MIB, memory_bytes=80 * GIB,
+        mem_bandwidth_gbps=2039.0)], (
+        "NVIDIA A100 SXM4 80GB: 108 SMs, compute capability 8.0, 80 GB HBM2e at 2039 GB/s, 40 MB L2",
+        "CUDA Programming Guide, CC 8.0: 164 KB shared memory per SM, 163 KB (166912 B) per block opt-in, "
+        "2048 threads per SM, 64K registers per SM; mma.sync and cp.async, no FP8, no wgmma or TMA",
+        "host CPU is plausible, not captured: 2x AMD EPYC 7742 (Rome, Zen 2, 64 cores, 16 MB L3 per "
+        "4-core CCX, 8x DDR4-3200 = 204.8 GB/s per socket, AVX2 + FMA, no AVX-512), as in NVIDIA DGX A100")),
     profile("h100", xeon_8480_host(), [nvidia_gpu(
         name="NVIDIA H100 80GB HBM3", cc=(9, 0), sm_count=132, l2_bytes=50 * MIB, memory_bytes=80 * GIB,
         mem_bandwidth_gbps=3350.0)], (

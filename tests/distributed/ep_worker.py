@@ -235,6 +235,36 @@ def timeout(group, world, rank, backend):
         print("PASS timeout rank 1 left without combining", flush=True)
 
 
+def expert_counts(group, world, rank, backend):
+    """Rank 1 is built for 6 experts, rank 0 for 8: every entry point raises ValueError on both
+    ranks (none aborts in a collective of mismatched size), and the group stays in step."""
+    spec = spec_of()
+    mine = attrs.evolve(spec, num_experts=6) if rank == 1 else spec
+    x = random_tokens(mine, TOKENS[rank], seed=rank)
+    tw, ti = random_routing(mine, TOKENS[rank], seed=rank)
+    kernel = hal.select_moe_kernel(mine, "cpu", caps=live_cpu_caps(), prefer=backend, group=group)
+    prepared = kernel.prepare_weights(random_weights(mine, seed=3))
+    calls = {"layer": lambda: kernel(x, tw, ti, prepared),
+             "dispatch": lambda: kernel.dispatch(x, tw, ti, prepared),
+             "plan": lambda: kernel.plan(ti),
+             "dispatch_masked": lambda: dispatch_masked(group, x, tw, ti, num_experts=mine.num_experts),
+             "dispatch_masked unchecked": lambda: dispatch_masked(group, x, tw, ti, check=False,
+                                                                  num_experts=mine.num_experts)}
+    for name, call in calls.items():
+        try:
+            call()
+        except ValueError as exc:
+            assert "num_experts per rank [8, 6]" in str(exc), f"{name}: {exc}"
+            print(f"PASS expert_counts {name} rank {rank} raised: {exc}", flush=True)
+        else:
+            raise AssertionError(f"rank {rank}: {name} ran with ranks disagreeing on num_experts")
+    agreed = hal.select_moe_kernel(spec, "cpu", caps=live_cpu_caps(), prefer=backend, group=group)
+    x, tw, ti = inputs(spec, rank, TOKENS, "uniform", 9, agreed.comm.assignment)
+    out = agreed(x, tw, ti, agreed.prepare_weights(random_weights(spec, seed=3)))
+    assert not torch.isnan(out).any()
+    print(f"PASS expert_counts rank {rank} recovered", flush=True)
+
+
 def everything(group, world, rank, backends):
     """The layer on each local backend and the masked form; at world size 2 also the failure
     cases, the timeout last since it leaves the group out of step."""
@@ -262,7 +292,7 @@ def nccl_single(group, world, rank, backend):
     print(f"PASS nccl rank {rank} rel err {err:.2e}", flush=True)
 
 
-SCENARIOS = {"everything": everything, "nccl_single": nccl_single}
+SCENARIOS = {"everything": everything, "expert_counts": expert_counts, "nccl_single": nccl_single}
 
 
 def main():
@@ -273,7 +303,7 @@ def main():
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=GROUP_TIMEOUT)
     SCENARIOS[scenario](dist.group.WORLD, world, rank, backend)
-    if world != 2:  # after the timeout case the group is out of step: leave without tearing it down
+    if scenario != "everything" or world != 2:  # the timeout case leaves the group out of step
         dist.destroy_process_group()
 
 

@@ -96,6 +96,14 @@ def test_a_rank_that_never_combines_times_out_the_others_naming_the_step(cpu_brg
     assert "expert-parallel combine timed out on rank 0" in logs[0]
 
 
+def test_ranks_disagreeing_on_num_experts_raise_on_every_rank():
+    logs = run_ranks("expert_counts", 2)
+    for rank, log in enumerate(logs):
+        for call in ("layer", "dispatch", "plan", "dispatch_masked", "dispatch_masked unchecked"):
+            assert f"PASS expert_counts {call} rank {rank} raised" in log, log
+        assert f"PASS expert_counts rank {rank} recovered" in log, log
+
+
 @pytest.mark.cuda
 def test_nccl_world_size_one():
     run_ranks("nccl_single", 1)

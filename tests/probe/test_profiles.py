@@ -15,7 +15,7 @@ REAL_CAPTURES = {"h200", "emerald-rapids", "zen4-epyc-2c"}
 
 
 def test_expected_profiles_exist():
-    assert set(PROFILES) >= REAL_CAPTURES | {"h100", "b200", "rtx5090", "mi300x", "rx7900xtx",
+    assert set(PROFILES) >= REAL_CAPTURES | {"a100", "h100", "b200", "rtx5090", "mi300x", "rx7900xtx",
                                               "sapphire-rapids-vm", "zen4", "zen3"}
 
 
@@ -57,6 +57,17 @@ def test_h200():
     assert gpu.warp_size == 32 and gpu.smem_per_block_optin == 232448 and gpu.sm_count == 132
     assert gpu.features.wgmma and gpu.features.tma and not gpu.features.tcgen05
     assert caps.cpu.vendor == "GenuineIntel" and caps.cpu.isa.amx_tile
+
+
+def test_a100_is_the_sm80_minimum_without_fp8_or_hopper_features():
+    caps = probe(profile="a100")
+    (gpu,) = caps.gpus
+    assert caps.synthetic and not caps.captured_on and any("A100" in c for c in caps.citations)
+    assert gpu.arch == "sm_80" and gpu.compute_capability == (8, 0) and gpu.sm_count == 108
+    assert gpu.smem_per_block_optin == 163 * 1024 and gpu.smem_per_sm == 164 * 1024
+    assert gpu.features.mma_sync and gpu.features.cp_async and gpu.features.fp8 is None
+    assert not (gpu.features.wgmma or gpu.features.tma or gpu.features.tcgen05)
+    assert caps.cpu.isa.avx2 and not caps.cpu.isa.avx512f and not caps.cpu.isa.amx_tile
 
 
 def test_blackwell_split():

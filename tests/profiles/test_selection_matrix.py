@@ -67,6 +67,21 @@ def test_h200_int4_goes_to_triton_moe_and_on_an_ep_rank_to_marlin():
     assert d.winner == "marlin", d.explain()
 
 
+def test_a100_gets_marlin_for_int4_triton_moe_for_bf16_and_mxfp4_and_no_fp8_kernel():
+    """sm_80, the oldest NVIDIA arch the GPU backends take: mma.sync kernels run, FP8 ones do not."""
+    d, win = winner("a100", presets.get("mixtral-8x7b").spec("int4_g128"), "cuda:0")
+    assert d.winner == "marlin" and "sm_80" in win.verdict.summary(), d.explain()
+    for model, fmt in (("mixtral-8x7b", "bf16"), ("gpt-oss-20b", "mxfp4")):
+        d, _ = winner("a100", presets.get(model).spec(fmt), "cuda:0")
+        assert d.winner == "triton_moe", d.explain()
+    d, _ = winner("a100", presets.get("qwen3-30b-a3b").spec("fp8_block128"), "cuda:0")
+    triton = next(c for c in d.candidates if c.name == "triton_moe")
+    assert d.winner == "reference" and "below sm_89" in triton.verdict.summary(), d.explain()
+    d, _ = winner("a100", presets.get("deepseek-v3").spec("w4afp8"), "cuda:0")
+    rejected = {c.name: c.verdict.summary() for c in d.candidates if not c.verdict.ok}
+    assert d.winner == "reference" and "sm_89" in rejected["w4afp8"] and "sm_89" in rejected["requant"]
+
+
 def test_mi300x_int4_is_not_marlin_because_of_the_vendor():
     d, _ = winner("mi300x", presets.get("deepseek-v3").spec("int4_g128"), "cuda:0")
     assert d.winner != "marlin"
