@@ -30,9 +30,10 @@ def sample_positions(t: torch.Tensor) -> torch.Tensor:
     not all fall in one column."""
     n = t.numel()
     count = min(n, max(MIN_SAMPLES, SAMPLES_PER_EXPERT * (t.shape[0] if t.dim() else 1)))
+    if count == 0:
+        return torch.zeros(0, dtype=torch.int64)
     i = torch.arange(count, dtype=torch.int64)
-    stretch = max(n // count, 1)
-    return ((i * n) // count + (i * 7919) % stretch).clamp_max(n - 1)
+    return (i * n) // count + (i * 7919) % max(n // count, 1)
 
 
 def _sample(tensors: dict, positions: dict) -> torch.Tensor:
