@@ -61,5 +61,7 @@ class WeightsWatch:
         tensors = self._tensors(module)
         if _metadata(tensors) != self.metadata:
             return True
+        if any(t.is_cuda for t in tensors.values()) and torch.cuda.is_current_stream_capturing():
+            return False  # a capturing stream may not be read from the host; replays run no Python
         with torch.no_grad():
             return not torch.equal(_sample(tensors, self.positions), self.sample)
