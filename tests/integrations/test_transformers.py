@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import types
 
 import pytest
 
@@ -21,6 +22,8 @@ import torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     DeepseekV3Config,
+    ErgoConfig,
+    Glm5NextTextConfig,
     GptOssConfig,
     MixtralConfig,
     Qwen3MoeConfig,
@@ -34,6 +37,7 @@ from transformers.integrations.moe import use_experts_implementation  # noqa: E4
 import hal.integrations.transformers as hal_tf  # noqa: E402
 from backends.reference.dequant import fp8_block  # noqa: E402
 from hal.integrations.transformers.layer import eager_forward, layer_state  # noqa: E402
+from hal.integrations.transformers.watch import sample_positions  # noqa: E402
 from hal.spec import FP8_BLOCK  # noqa: E402
 from hal.testing import ACCURACY, rel_err  # noqa: E402
 
@@ -106,7 +110,7 @@ def _redraw(model, generator):
         embed.copy_(torch.randn(embed.shape, generator=generator))
     for module in model.modules():
         if type(module).__name__.endswith("Router"):
-            w = module.weight
+            w = module.weight if hasattr(module, "weight") else module.linear.weight  # Ergo's router
             with torch.no_grad():
                 w.copy_(torch.randn(w.shape, generator=generator) * 3.0 / math.sqrt(w.shape[1]))
 
@@ -278,30 +282,71 @@ def test_fp8_block128_model_matches_dequantized_eager(make):
     assert_same_greedy_tokens(tokens, eager_tokens, model)
 
 
-@pytest.mark.parametrize("case", ["float32", "gelu"])
-def test_unsupported_layer_falls_back_to_eager_with_one_log_line(case, caplog):
-    """float32 activations (no backend takes them) and an activation moe-hal lacks (gelu): every
-    layer runs eager, says why once, and the output equals eager's bit for bit."""
-    if case == "float32":
-        model, why = build(qwen3_moe(), dtype=torch.float32), "torch.float32"
-    else:
+@pytest.mark.parametrize("case", ["float32", "float16", "gelu"])
+def test_unsupported_layer_falls_back_to_eager_with_one_summary_line(case, caplog):
+    """float32 and float16 weights (no backend takes them) and an activation moe-hal lacks (gelu):
+    every layer runs eager and the output equals eager's bit for bit; prepare() warns once for the
+    model, and each layer says why once, at info level, over prepare, a forward and 16 decode steps."""
+    if case == "gelu":
         model, why = build(qwen3_moe(hidden_act="gelu")), "matches none of the activations"
+    else:
+        dtype = getattr(torch, case)
+        model, why = build(qwen3_moe(), dtype=dtype), f"{dtype} expert weights are not served"
     ids = prompt()
     eager_logits, eager_tokens = run(model, ids)
     model.set_experts_implementation(hal_tf.NAME)
-    with caplog.at_level(logging.WARNING, logger="hal.integrations.transformers"):
-        hal_tf.prepare(model)
+    with caplog.at_level(logging.INFO, logger="hal.integrations.transformers"):
+        report = hal_tf.prepare(model)
         logits, tokens = run(model, ids)
     assert torch.equal(logits, eager_logits)
     assert torch.equal(tokens, eager_tokens)
-    lines = [r.getMessage() for r in caplog.records if r.name == "hal.integrations.transformers"]
+    records = [r for r in caplog.records if r.name == "hal.integrations.transformers"]
     layers = [name for name, _ in hal_tf.experts_modules(model)]
+    warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    assert warnings == [f"moe_hal: {len(layers)} MoE layers: {len(layers)} fall back to their eager forward "
+                        "(hal.integrations.transformers.explain(model) says why)"]
     for name in layers:
-        mine = [line for line in lines if f" {name} " in line]
-        assert len(mine) == 1, mine  # one line per layer over a forward and 16 decode steps
+        mine = [r.getMessage() for r in records if f" {name} " in r.getMessage()]
+        assert len(mine) == 1, mine
         assert "falls back to its eager forward" in mine[0] and why in mine[0]
-    for layer in hal_tf.explain(model).values():
+    for layer in report.values():
         assert layer.backend == "eager" and why in layer.detail
+
+
+def test_prepare_logs_one_summary_line(caplog):
+    model = build(mixtral())
+    model.set_experts_implementation(hal_tf.NAME)
+    with caplog.at_level(logging.DEBUG, logger="hal.integrations.transformers"):
+        report = hal_tf.prepare(model)
+    above_debug = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    assert above_debug == ["moe_hal: 2 MoE layers: 2 on cpu_brgemm"] == [report.summary()]
+
+
+def test_forward_without_prepare_names_layers_by_path(caplog):
+    """A model loaded with moe_hal names its layers by their module path in every message, also when
+    a forward meets them before prepare() or explain() does."""
+    model = AutoModelForCausalLM.from_config(qwen3_moe(), dtype=torch.float32,
+                                             experts_implementation=hal_tf.NAME).eval()
+    with caplog.at_level(logging.WARNING, logger="hal.integrations.transformers"), torch.no_grad():
+        model(prompt(1, 3))
+    lines = [r.getMessage() for r in caplog.records if r.name == "hal.integrations.transformers"]
+    assert lines == [f"moe_hal: model.layers.{i}.mlp.experts falls back to its eager forward: torch.float32 "
+                     "expert weights are not served: moe-hal reads bfloat16 (bf16) or float8_e4m3fn with "
+                     "128x128 block scales (fp8_block128) expert weights; load the model with "
+                     "dtype=torch.bfloat16" for i in range(2)]
+
+
+def test_moe_hal_before_register_says_to_call_it(monkeypatch):
+    from transformers.integrations.finegrained_fp8 import FP8ExpertsInterface
+    from transformers.integrations.moe import ExpertsInterface
+
+    for interface in (ExpertsInterface, FP8ExpertsInterface):
+        monkeypatch.delitem(interface._global_mapping, hal_tf.NAME)
+    with pytest.raises(ValueError, match=r"call hal\.integrations\.transformers\.register\(\) once"):
+        AutoModelForCausalLM.from_config(qwen3_moe(), experts_implementation=hal_tf.NAME)
+    model = build(qwen3_moe(num_hidden_layers=1))
+    with pytest.raises(ValueError, match=r"register\(\)"):
+        model.set_experts_implementation(hal_tf.NAME)
 
 
 def test_weights_changed_in_place_are_prepared_again():
@@ -344,10 +389,192 @@ def test_reference_only_layer_runs_eager(monkeypatch, caplog):
     monkeypatch.setenv("HAL_DISABLE_BACKENDS", "cpu_brgemm")
     model = build(mixtral())
     model.set_experts_implementation(hal_tf.NAME)
-    with caplog.at_level(logging.WARNING, logger="hal.integrations.transformers"):
+    with caplog.at_level(logging.INFO, logger="hal.integrations.transformers"):
         report = hal_tf.prepare(model)
         with torch.no_grad():
             model(prompt(1, 3))
     for layer in report.values():
         assert layer.backend == "eager" and "only the reference backend" in layer.detail
     assert sum("only the reference backend" in r.getMessage() for r in caplog.records) == len(report)
+
+
+def _served_with_reference(make=mixtral):
+    """A model served by moe_hal after prepare(), and an eager copy of it."""
+    model = build(make())
+    model.set_experts_implementation(hal_tf.NAME)
+    hal_tf.prepare(model)
+    reference = copy.deepcopy(model)
+    reference.set_experts_implementation("eager")
+    return model, reference
+
+
+@pytest.mark.parametrize("write", ["data_copy", "data_assign"])
+def test_weights_written_through_data_are_prepared_again(write):
+    """RL trainers push new weights into a serving model through `param.data`, which bumps no version
+    counter the module sees: the next forward must still run the new weights."""
+    model, reference = _served_with_reference()
+    for m in (model, reference):
+        for _, module in hal_tf.experts_modules(m):
+            for proj in ("gate_up_proj", "down_proj"):
+                p = getattr(module, proj)
+                new = p.detach().flip(0) * -0.5
+                if write == "data_copy":
+                    p.data.copy_(new)
+                else:
+                    p.data = new.clone()
+    assert_layers_match(model, reference)
+
+
+def test_refresh_prepares_weights_the_per_forward_check_misses():
+    """A write through `.data` that leaves every sampled element as it was is invisible to the
+    per-forward check; refresh() repacks every layer from the weights as they are."""
+    model, reference = _served_with_reference()
+    for m in (model, reference):
+        for _, module in hal_tf.experts_modules(m):
+            w = module.down_proj
+            sampled = torch.zeros(w.numel(), dtype=torch.bool)
+            sampled[sample_positions(w)] = True
+            w.data.copy_(torch.where(sampled.view(w.shape), w.detach(), -0.5 * w.detach()))
+    with pytest.raises(AssertionError, match="rel err"):
+        assert_layers_match(model, reference)
+    report = hal_tf.refresh(model)
+    assert all(layer.backend == "cpu_brgemm" for layer in report.values())
+    assert_layers_match(model, reference)
+
+
+def ergo(**over):
+    return ErgoConfig(**{**COMMON, "first_dense_intermediate_size": 96, "num_dense_blocks": 1,
+                         "moe_intermediate_size": 32, "shared_intermediate_size": 64, "num_experts": 8,
+                         "num_experts_per_tok": 2, "sliding_window": 8, "global_attention_every_n_layers": 2,
+                         **over})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["served", "fallback"])
+def test_subclass_forward_that_calls_the_dispatcher(dtype):
+    """Ergo's experts override forward, give each route its own row and call the dispatching parent
+    with top_k 1: explain() sees the layer, the kernel is selected for the top_k the parent receives,
+    and a fallback runs the parent's eager forward instead of dispatching again."""
+    model = build(ergo(), dtype=dtype)
+    ids = prompt()
+    with torch.no_grad():
+        eager_logits = model(ids).logits.float()
+    model.set_experts_implementation(hal_tf.NAME)
+    names = [name for name, _ in hal_tf.experts_modules(model)]
+    assert names == ["model.layers.1.mlp.experts"]
+    assert hal_tf.prepare(model)[names[0]].backend == hal_tf.NOT_SELECTED
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    layer = hal_tf.explain(model)[names[0]]
+    if dtype == torch.float32:
+        assert layer.backend == "eager" and torch.equal(logits, eager_logits)
+    else:
+        assert layer.backend == "cpu_brgemm" and "top_k=1," in layer.detail, str(layer)
+        assert rel_err(logits, eager_logits) <= ACCURACY
+
+
+def test_clamped_silu_with_a_limit_past_the_probe_falls_back():
+    """A silu clamped at 20 (GLM-5-Next's gate) agrees with plain silu on small values: it must not be
+    served as silu. moe-hal has no clamped silu, so the layer runs eager and says so."""
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextExperts
+
+    config = Glm5NextTextConfig(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8,
+                                num_experts_per_tok=2, swiglu_limit=20.0)
+    config._experts_implementation = hal_tf.NAME
+    module = Glm5NextTextExperts(config).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        module.gate_up_proj.copy_(torch.randn(module.gate_up_proj.shape, generator=g) * 3.0 / 8)
+        module.down_proj.copy_(torch.randn(module.down_proj.shape, generator=g) * DOWN_STD / math.sqrt(32))
+        x = (torch.randn(16, 64, generator=g) * LAYER_INPUT_STD).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(16)])
+        weights = torch.softmax(torch.randn(16, 2, generator=g), dim=-1)
+        got = module(x, ids, weights)
+        want = eager_forward(module)(module, x, ids, weights)
+    assert torch.equal(got, want)
+    state = layer_state(module)
+    assert state.backend == "eager" and "clamp limit of 20" in state.fallback, state.fallback
+
+
+def _layer_inputs(module, M=9, k=2):
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(M, module.hidden_dim, generator=g) * LAYER_INPUT_STD).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(module.num_experts, generator=g)[:k] for _ in range(M)])
+    return x, ids, torch.softmax(torch.randn(M, k, generator=g), dim=-1)
+
+
+def test_top_k_under_other_config_names():
+    """Gemma 4 keeps top_k as top_k_experts: selection at load reads it; a config that names top_k in
+    no known field leaves selection to the first forward, which reads it off the routes."""
+    model = build(qwen3_moe())
+    model.set_experts_implementation(hal_tf.NAME)
+    (first_name, first), (second_name, second) = hal_tf.experts_modules(model)
+    first.config = types.SimpleNamespace(_experts_implementation=hal_tf.NAME, top_k_experts=2)
+    second.config = types.SimpleNamespace(_experts_implementation=hal_tf.NAME)
+    report = hal_tf.prepare(model)
+    assert report[first_name].backend == "cpu_brgemm" and "top_k=2," in report[first_name].detail
+    assert report[second_name].backend == hal_tf.NOT_SELECTED and layer_state(second).key is None
+    x, ids, weights = _layer_inputs(second)
+    with torch.no_grad():
+        got = second(x, ids, weights)
+        want = eager_forward(second)(second, x, ids, weights)
+    assert rel_err(got, want) <= ACCURACY
+    assert layer_state(second).top_k == 2 and layer_state(second).backend == "cpu_brgemm"
+
+
+class _FailingOnce:
+    """A kernel whose next call raises `error`, and which runs normally after that."""
+
+    def __init__(self, kernel, error):
+        self.kernel, self.error = kernel, error
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, *args, **kwargs):
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return self.kernel(*args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), ValueError("x has 3 columns")],
+                         ids=["transient", "deterministic"])
+def test_kernel_error_falls_back_for_that_call_or_for_good(error, caplog):
+    """A transient kernel error runs that call eager and keeps the kernel; one the same call would
+    raise again (a ValueError on shapes) turns the layer eager. The message says which."""
+    model = build(qwen3_moe(num_hidden_layers=1))
+    model.set_experts_implementation(hal_tf.NAME)
+    hal_tf.prepare(model)
+    name, module = hal_tf.experts_modules(model)[0]
+    state = layer_state(module)
+    state.kernel = _FailingOnce(state.kernel, error)
+    x, ids, weights = _layer_inputs(module)
+    with torch.no_grad():
+        want = eager_forward(module)(module, x, ids, weights)
+    with caplog.at_level(logging.WARNING, logger="hal.integrations.transformers"), torch.no_grad():
+        first = module(x, ids, weights)
+        after_first = hal_tf.explain(model)[name]
+        second = module(x, ids, weights)
+    assert torch.equal(first, want) and after_first.backend == "eager"
+    [line] = [r.getMessage() for r in caplog.records]
+    if isinstance(error, ValueError):
+        assert "runs eager from now on" in line and torch.equal(second, want)
+        assert hal_tf.explain(model)[name].backend == "eager"
+    else:
+        assert "the next one tries the kernel again" in line and "CUDA out of memory" in after_first.detail
+        assert hal_tf.explain(model)[name].backend == "cpu_brgemm"
+        assert rel_err(second, want) <= ACCURACY and not torch.equal(second, want)
+
+
+def test_explain_reports_an_autograd_fallback():
+    """A forward under autograd runs eager; explain() says so until a forward runs the kernel again."""
+    model = build(mixtral())
+    model.set_experts_implementation(hal_tf.NAME)
+    hal_tf.prepare(model)
+    ids = prompt(1, 3)
+    model(ids)
+    for layer in hal_tf.explain(model).values():
+        assert layer.backend == "eager" and "autograd is recording" in layer.detail, str(layer)
+    with torch.no_grad():
+        model(ids)
+    assert_served_by_hal(model)

@@ -17,8 +17,10 @@ from hal.integrations.transformers.unsupported import Unsupported
 # Relative agreement a candidate must reach on the probe (both evaluated in float32).
 MATCH_TOLERANCE = 1e-5
 PROBE_ROWS = 8
-# Probe values reach past GPT-OSS's clamp limit (7.0) on both signs, so a clamp shows.
+# Probe values reach past GPT-OSS's clamp limit (7.0) on both signs, so a clamp shows; where the
+# module or its config names a larger limit, the probe reaches twice as far as that limit.
 PROBE_RANGE = 12.0
+LIMIT_NAMES = ("limit", "swiglu_limit", "clamp_limit", "activation_limit")
 
 
 @attrs.frozen
@@ -32,10 +34,10 @@ class Activation:
     limit: Optional[float] = None
 
 
-def _probe(width: int, device) -> torch.Tensor:
-    """Deterministic values in [-PROBE_RANGE, PROBE_RANGE], scattered so gate and up columns differ."""
+def _probe(width: int, reach: float, device) -> torch.Tensor:
+    """Deterministic values in [-reach, reach], scattered so gate and up columns differ."""
     n = PROBE_ROWS * width
-    values = torch.linspace(-PROBE_RANGE, PROBE_RANGE, n, dtype=torch.float64)
+    values = torch.linspace(-reach, reach, n, dtype=torch.float64)
     # Multiplying by a prime that does not divide n permutes [0, n).
     stride = 7919 if n % 7919 else 1
     order = (torch.arange(n, dtype=torch.int64) * stride) % n
@@ -73,11 +75,13 @@ def _first(objects, names):
     return None
 
 
+def _sources(module):
+    return (module, getattr(module, "config", None))
+
+
 def _candidates(module):
-    config = getattr(module, "config", None)
-    sources = (module, config)
-    alpha = _first(sources, ("alpha", "swiglu_alpha"))
-    limit = _first(sources, ("limit", "swiglu_limit"))
+    alpha = _first(_sources(module), ("alpha", "swiglu_alpha"))
+    limit = _first(_sources(module), LIMIT_NAMES)
     if not getattr(module, "has_gate", True):
         return [(Activation("relu2", "single"), _relu2)]
     found = []
@@ -91,7 +95,9 @@ def _candidates(module):
 def detect(module, intermediate: int, device) -> Activation:
     """The activation and gate/up order the module computes, or Unsupported saying why not."""
     gated = getattr(module, "has_gate", True)
-    probe = _probe(2 * intermediate if gated else intermediate, device)
+    limit = _first(_sources(module), LIMIT_NAMES)
+    reach = PROBE_RANGE if limit is None or not limit > 0 else max(PROBE_RANGE, 2.0 * limit)
+    probe = _probe(2 * intermediate if gated else intermediate, reach, device)
     try:
         with torch.no_grad():
             got = (module._apply_gate(probe) if gated else module.act_fn(probe)).float()
@@ -107,5 +113,9 @@ def detect(module, intermediate: int, device) -> Activation:
                 return activation
         tried.append(f"{activation.name} ({activation.order})")
     what = "_apply_gate" if gated else "act_fn"
+    clamp = ""
+    if limit is not None:
+        clamp = (f"; the module has a clamp limit of {limit:g}, and moe-hal clamps only in GPT-OSS's "
+                 "swiglu_oai, not a clamped silu")
     raise Unsupported(f"the module's {what} ({type(module).__name__}) matches none of the activations "
-                      f"moe-hal runs: tried {', '.join(tried)}")
+                      f"moe-hal runs on values in [-{reach:g}, {reach:g}]: tried {', '.join(tried)}{clamp}")

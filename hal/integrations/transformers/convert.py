@@ -56,12 +56,6 @@ def source_tensors(module) -> dict:
     return tensors
 
 
-def weights_key(module) -> tuple:
-    """Changes whenever a source tensor is replaced, written in place, moved or cast."""
-    return tuple((name, t.data_ptr(), t._version, t.device, t.dtype, tuple(t.shape))
-                 for name, t in source_tensors(module).items() if t is not None)
-
-
 def _weight_format(module, w13: torch.Tensor) -> str:
     if w13.dtype == torch.bfloat16:
         return "bf16"
@@ -78,14 +72,13 @@ def _weight_format(module, w13: torch.Tensor) -> str:
             raise Unsupported(f"activation_scheme={scheme!r}: the checkpoint quantizes activations with "
                               "static scales, which moe-hal's fp8_block128 does not apply")
         return "fp8_block128"
-    raise Unsupported(f"expert weights of dtype {w13.dtype}: moe-hal reads bfloat16 or float8_e4m3fn "
-                      "(fp8_block128) weights here")
+    raise Unsupported(f"{w13.dtype} expert weights are not served: moe-hal reads bfloat16 (bf16) or "
+                      "float8_e4m3fn with 128x128 block scales (fp8_block128) expert weights; load the model "
+                      "with dtype=torch.bfloat16")
 
 
 def describe(module, act_dtype: torch.dtype, top_k: int) -> Layout:
     """The layer as a MoESpec, or Unsupported naming what moe-hal cannot serve."""
-    if act_dtype not in ACT_DTYPES:
-        raise Unsupported(f"activations are {act_dtype}: moe-hal takes bfloat16 or float16 activations")
     if getattr(module, "has_post_expert_norm", False):
         raise Unsupported("the experts apply a norm after each expert (has_post_expert_norm), which the "
                           "MoE op does not include")
@@ -95,6 +88,9 @@ def describe(module, act_dtype: torch.dtype, top_k: int) -> Layout:
         raise Unsupported(f"{type(module).__name__} does not hold 3-D gate_up_proj/up_proj and down_proj "
                           "tensors")
     fmt = _weight_format(module, w13)
+    if act_dtype not in ACT_DTYPES:
+        raise Unsupported(f"activations are {act_dtype}: moe-hal takes bfloat16 or float16 activations "
+                          f"(with {fmt} weights)")
     if w2.dtype != w13.dtype:
         raise Unsupported(f"down_proj is {w2.dtype} but the first projection is {w13.dtype}")
     transposed = bool(getattr(module, "is_transposed", False))
