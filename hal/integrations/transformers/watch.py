@@ -4,7 +4,9 @@ Writes through a parameter bump its version counter, and `param.data = t` replac
 show in the tensors' metadata. A write through the `.data` alias (`param.data.copy_(t)`, the usual
 way RL trainers push new weights into a serving model) bumps only the alias's own counter, so the
 metadata cannot see it: a fixed sample of each tensor's elements, compared bit for bit, does. The
-sample covers every expert; a write that changes none of the sampled elements needs refresh()."""
+sample covers every expert; a write that changes none of the sampled elements needs refresh(). On a
+GPU the sample is not read (a host read per layer and forward would stall the queue): there, writes
+through `.data` need refresh()."""
 
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ class WeightsWatch:
         tensors = self._tensors(module)
         if _metadata(tensors) != self.metadata:
             return True
-        if any(t.is_cuda for t in tensors.values()) and torch.cuda.is_current_stream_capturing():
-            return False  # a capturing stream may not be read from the host; replays run no Python
+        if any(t.device.type != "cpu" for t in tensors.values()):
+            # Reading a sample back would stall every forward on the queued work (and a capturing
+            # stream may not be read at all): on a GPU, writes through `.data` need refresh().
+            return False
         with torch.no_grad():
             return not torch.equal(_sample(tensors, self.positions), self.sample)
