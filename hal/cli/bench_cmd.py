@@ -91,8 +91,8 @@ def run_requant(args) -> int:
 
 def run_suite(args) -> int:
     from hal.bench import suites
-    from hal.bench.machine import require_device
     from hal.cli.main import parser
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     if args.list or not args.name:
@@ -130,7 +130,7 @@ def run_suite(args) -> int:
 def _bench_moe(args):
     import hal
     from hal.bench import moe
-    from hal.bench.machine import require_device
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     for routing in args.routing:
@@ -151,7 +151,7 @@ def _bench_moe(args):
 def _bench_requant(args):
     import hal
     from hal.bench import requant
-    from hal.bench.machine import require_device
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     device = normalize_device(args.device)
