@@ -6,8 +6,8 @@ import warnings
 import pytest
 
 import hal
-from hal import ops
-from hal.registry import Discovered, SlowPathWarning, select_moe_kernel
+from hal import SlowPathWarning, ops
+from hal.registry import Discovered, select_moe_kernel
 from hal.verdict import Verdict
 
 pytestmark = pytest.mark.cpu
