@@ -124,7 +124,7 @@ class Decision:
     def losers(self) -> str:
         """Why every other backend that serves the op lost, on one line."""
         return "; ".join(f"{c.name}: {'runs only when forced: ' if c.verdict.ok else ''}"
-                         f"{c.verdict.summary()}" for c in self.candidates
+                         f"{c.verdict.summary()}" for c in sorted(self.candidates, key=lambda c: c.name)
                          if c.name != self.winner and c.serves) or "no other backend serves the op"
 
     def explain(self) -> str:
