@@ -113,3 +113,24 @@ def test_python_dash_m_hal_runs_the_command():
     run = hal_cli("profiles", "--json", module="hal")
     assert run.returncode == 0, run.stderr
     assert "h200" in {row["name"] for row in json.loads(run.stdout)}
+
+
+@pytest.mark.parametrize("error", ["build", "no kernel", "value"])
+def test_every_expected_failure_is_one_line_and_exit_two(monkeypatch, capsys, error):
+    import hal
+    from hal.cli import doctor_cmd, main
+    from hal.jit import BuildError
+
+    def fail(args):
+        if error == "build":
+            raise BuildError("the compiler 'c++' cannot run")
+        if error == "no kernel":
+            hal.select_moe_kernel(hal.MoESpec(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64),
+                                  "cpu", caps=hal.caps.Caps(), backends=[])
+        raise ValueError("--tokens=-1: expected 0 to 1048576")
+
+    monkeypatch.setattr(doctor_cmd, "run", fail)
+    assert main.main(["doctor"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hal doctor: error: ") and "Traceback" not in err
+    assert err.count("\n") == 1 or error == "no kernel"
