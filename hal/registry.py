@@ -48,7 +48,7 @@ log = logging.getLogger("hal.registry")
 ENTRY_POINT_GROUP = "hal.backends"
 GLOBAL_VARIABLES = ("HAL_BACKENDS", "HAL_DISABLE_BACKENDS")
 STRICT_VARIABLE = "HAL_STRICT"
-_HAL_DIR = os.path.dirname(os.path.abspath(__file__))
+_HAL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class SlowPathWarning(UserWarning):
