@@ -12,7 +12,13 @@ The ops ("moe", "moe_masked", "requant"), their templates and override variables
 import hal.probe as _probe_package
 from hal import ops
 from hal.caps import Caps, CpuCaps, GpuCaps
-from hal.registry import NoKernelError, select_kernel, select_moe_kernel, select_requant_kernel
+from hal.registry import (
+    NoKernelError,
+    SlowPathWarning,
+    select_kernel,
+    select_moe_kernel,
+    select_requant_kernel,
+)
 from hal.spec import MoESpec, MoEWeights, RequantSpec
 
 __version__ = "0.1.0"
@@ -28,5 +34,6 @@ def profiles() -> list:
     return _probe_package.list_profiles()
 
 
-__all__ = ["Caps", "CpuCaps", "GpuCaps", "MoESpec", "MoEWeights", "NoKernelError", "RequantSpec", "ops",
-           "probe", "profiles", "select_kernel", "select_moe_kernel", "select_requant_kernel"]
+__all__ = ["Caps", "CpuCaps", "GpuCaps", "MoESpec", "MoEWeights", "NoKernelError", "RequantSpec",
+           "SlowPathWarning", "ops", "probe", "profiles", "select_kernel", "select_moe_kernel",
+           "select_requant_kernel"]

@@ -166,30 +166,65 @@ class Caps:
         return from_dict(cls, json.loads(text))
 
 
-def from_dict(cls, data):
-    """Build an attrs class from `attrs.asdict` output, following the field annotations."""
+# `hal probe --json` appends the preset-to-kernel table under this key; it is derived from the
+# capabilities, so loading drops it.
+SELECTION_KEY = "selection"
+# The element type of each tuple field.
+_TUPLE_ITEMS = {"caches": CacheLevel, "gpus": GpuCaps, "torch_archs": str, "citations": str}
+
+
+def from_dict(cls, data, path: str = ""):
+    """Build an attrs class from `attrs.asdict` output, following the field annotations; a value
+    of the wrong type is a ValueError naming its field (dotted, from the top)."""
     if data is None:
         return None
     if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    if cls is Caps and data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"capabilities schema_version={data.get('schema_version')!r}: this hal "
-                         f"reads version {SCHEMA_VERSION}")
+        raise ValueError(f"{path or cls.__name__}: expected an object, got {type(data).__name__}")
+    if cls is Caps:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"capabilities schema_version={data.get('schema_version')!r}: this hal "
+                             f"reads version {SCHEMA_VERSION}")
+        data = {k: v for k, v in data.items() if k != SELECTION_KEY}
+    unknown_keys = set(data) - {f.name for f in attrs.fields(cls)}
+    if unknown_keys:
+        raise ValueError(f"{path or cls.__name__}: unknown keys {sorted(unknown_keys)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for field in attrs.fields(cls):
-        if field.name not in data:
-            continue
-        value = data[field.name]
-        kind = hints.get(field.name)
-        if attrs.has(kind):
-            value = from_dict(kind, value)
-        elif field.name == "caches":
-            value = tuple(from_dict(CacheLevel, v) for v in value)
-        elif field.name == "gpus":
-            value = tuple(from_dict(GpuCaps, v) for v in value)
-        kwargs[field.name] = value
-    unknown_keys = set(data) - {f.name for f in attrs.fields(cls)}
-    if unknown_keys:
-        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown_keys)}")
+        if field.name in data:
+            where = f"{path}.{field.name}" if path else field.name
+            kwargs[field.name] = _typed(hints[field.name], data[field.name], where, field.name)
     return cls(**kwargs)
+
+
+def _typed(kind, value, where: str, name: str):
+    """`value` as a field of annotation `kind` holds it, or a ValueError naming `where`."""
+    optional = typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind)
+    if optional:
+        if value is None:
+            return None
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    if attrs.has(kind):
+        return from_dict(kind, value, where)
+    if kind is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_typed(_TUPLE_ITEMS[name], v, f"{where}[{i}]", name) for i, v in enumerate(value))
+    if kind is dict:
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ValueError(f"{where}: expected an object of strings, got {_shown(value)}")
+        return dict(value)
+    allowed = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, allowed):
+        null = " or null" if optional else ""
+        raise ValueError(f"{where}: expected {_SCALARS_NAMES[kind]}{null}, got {_shown(value)}")
+    return value
+
+
+_SCALARS_NAMES = {bool: "true or false", int: "an integer", str: "a string", float: "a number"}
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if isinstance(value, (str, bool, int, float)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -17,6 +17,14 @@ def _same_device(name: str, t: torch.Tensor, device: torch.device):
     require(t.device == device, f"{name} is on {t.device}: expected {device}")
 
 
+def check_count(name: str, value, optional: bool = True) -> None:
+    """A row count: an int >= 0 (a bool is not a count), or None where `optional`."""
+    if value is None and optional:
+        return
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            f"{name}={value!r}: expected {'None or ' if optional else ''}an int >= 0")
+
+
 def check_token_inputs(spec: MoESpec, device: torch.device, x, topk_weights, topk_ids, out):
     dtype = getattr(torch, spec.act_dtype)
     require(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -82,8 +90,26 @@ def check_masked_inputs(num_experts: int, hidden: int, device: torch.device, x, 
         lo, hi = int(masked_m.min()), int(masked_m.max())
         require(lo >= 0 and hi <= max_m,
                 f"masked_m holds values in [{lo}, {hi}]: expected [0, max_m={max_m}]")
-    require(expected_rows is None or (isinstance(expected_rows, int) and expected_rows >= 0),
-            f"expected_rows={expected_rows!r}: expected None or an int >= 0")
+    check_count("expected_rows", expected_rows)
+
+
+def check_masked_plan_args(experts: int, masked_m, expected_rows, max_m, masked_m_optional: bool):
+    """plan(masked_m, expected_rows, max_m) of the masked layout: masked_m an int32 tensor of
+    shape (experts,) with values in [0, max_m] (None only where the backend plans without it)."""
+    check_count("expected_rows", expected_rows)
+    check_count("max_m", max_m)
+    if masked_m is None and masked_m_optional:
+        return
+    require(isinstance(masked_m, torch.Tensor) and masked_m.dtype == torch.int32
+            and tuple(masked_m.shape) == (experts,) and masked_m.device.type != "meta",
+            f"masked_m must be an int32 tensor of shape ({experts},) with values, got "
+            f"{getattr(masked_m, 'dtype', type(masked_m).__name__)} "
+            f"{tuple(getattr(masked_m, 'shape', ()))} on {getattr(masked_m, 'device', '-')}")
+    if experts:
+        lo, hi = int(masked_m.min()), int(masked_m.max())
+        top = "max_m" if max_m is None else f"max_m={max_m}"
+        require(lo >= 0 and (max_m is None or hi <= max_m),
+                f"masked_m holds values in [{lo}, {hi}]: expected [0, {top}]")
 
 
 def check_requant_args(x, output_scale, out, fp8_dtype, source: str = "this device's FP8"):
@@ -95,7 +121,11 @@ def check_requant_args(x, output_scale, out, fp8_dtype, source: str = "this devi
             "output_scale must be a one-element torch.float32 tensor")
     _same_device("output_scale", output_scale, x.device)
     value = float(output_scale.reshape(()))
-    require(0 < value < float("inf"), f"output_scale={value}: expected a finite value > 0")
+    # Below the smallest normal fp32, 1 / output_scale is infinite and turns zeros into NaN.
+    tiny = torch.finfo(torch.float32).tiny
+    require(tiny <= value < float("inf"),
+            f"output_scale={value}: expected a finite normal value >= {tiny} (so 1 / output_scale "
+            "is finite)")
     if out is not None:
         require(isinstance(out, torch.Tensor) and out.shape == x.shape and out.dtype == fp8_dtype,
                 f"out must be a {fp8_dtype} tensor of shape {tuple(x.shape)}")

@@ -16,13 +16,22 @@ decision in words, as `hal select` prints it."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional, Protocol, runtime_checkable
 
 import attrs
 import torch
 
 from hal.backend import Target
-from hal.inputs import check_masked_inputs, check_requant_args, check_token_inputs, require
+from hal.inputs import (
+    check_count,
+    check_masked_inputs,
+    check_masked_plan_args,
+    check_requant_args,
+    check_token_inputs,
+    require,
+)
 from hal.live import refine
 from hal.spec import MoESpec, MoEWeights
 
@@ -47,6 +56,32 @@ class Prepared:
             raise ValueError(f"prepared was made by backend {self.backend!r} for {self.spec}; this "
                              f"kernel is {kernel.backend!r} for {kernel.spec}: call this kernel's "
                              "prepare_weights")
+
+
+def _checked_plan(plan, check):
+    """A backend's plan() that first has `check(kernel, arguments, signature)` validate what it was
+    given: the template checks plan() arguments as it checks call arguments."""
+    signature = inspect.signature(plan)
+
+    @functools.wraps(plan)
+    def checked(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        check(self, bound.arguments, signature)
+        return plan(self, *args, **kwargs)
+
+    return checked
+
+
+def _masked_plan_args(kernel, arguments, signature) -> None:
+    check_masked_plan_args(kernel.spec.local_experts, arguments.get("masked_m"),
+                           arguments.get("expected_rows"), arguments.get("max_m"),
+                           signature.parameters["masked_m"].default is None)
+
+
+def _requant_plan_args(kernel, arguments, signature) -> None:
+    check_count("max_m", arguments.get("max_m"), optional=False)
+    check_count("expected_rows", arguments.get("expected_rows"))
 
 
 class KernelBase:
@@ -146,6 +181,11 @@ class MaskedMoEKernel(_WeightsKernel):
 
     op = "moe_masked"
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "plan" in vars(cls):
+            cls.plan = _checked_plan(vars(cls)["plan"], _masked_plan_args)
+
     def __call__(self, x, x_scale, masked_m, prepared: Prepared, expected_rows: Optional[int] = None,
                  out: Optional[torch.Tensor] = None, *, check: bool = True):
         spec: MoESpec = self.spec
@@ -190,6 +230,11 @@ class RequantKernel(KernelBase):
     are never read or written."""
 
     op = "requant"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "plan" in vars(cls):
+            cls.plan = _checked_plan(vars(cls)["plan"], _requant_plan_args)
 
     def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
                  check: bool = True):

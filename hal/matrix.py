@@ -25,6 +25,7 @@ class MatrixRow:
     device: str
     backend: str  # "-" when nothing fits
     reason: str
+    slow: bool = False  # the reference oracle wins because nothing faster fits
 
 
 def devices_of(caps: Caps) -> list:
@@ -41,15 +42,20 @@ def selection_matrix(caps: Caps, found=None) -> list:
             for device in devices_of(caps):
                 d = decide(spec, Target(device, caps), found)
                 winner = next((c for c in d.candidates if c.name == d.winner), None)
-                reason = winner.verdict.summary() if winner else "; ".join(
-                    f"{c.name}: {c.verdict.summary()}" for c in d.candidates)
-                rows.append(MatrixRow(preset.name, fmt, d.op, device, d.winner or "-", reason))
+                if d.slow:
+                    reason = f"SLOW PATH, nothing faster fits: {d.losers()}"
+                elif winner:
+                    reason = winner.verdict.summary()
+                else:
+                    reason = "; ".join(f"{c.name}: {c.verdict.summary()}" for c in d.candidates)
+                rows.append(MatrixRow(preset.name, fmt, d.op, device, d.winner or "-", reason, d.slow))
     return rows
 
 
 def format_matrix(rows) -> str:
     head = ("model", "format", "op", "device", "backend", "why")
-    table = [head] + [(r.model, r.weight_format, r.op, r.device, r.backend, r.reason) for r in rows]
+    table = [head] + [(r.model, r.weight_format, r.op, r.device,
+                       f"{r.backend} (slow)" if r.slow else r.backend, r.reason) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = []
     for row in table:

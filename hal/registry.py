@@ -17,12 +17,19 @@ nothing and probes nothing. The rule, in order:
 select_kernel() decides on a target whose live facts hal.live has refined (recorded profiles are
 taken as recorded), then builds the winner. A build that
 fails (no compiler, no nvcc, a broken Triton) is recorded as that backend's rejection, with the
-error, and the next backend by the same rule is built instead."""
+error, and the next backend by the same rule is built instead.
+
+A winner in the reference band (RANK_REFERENCE) that nobody forced is the slow path: correct, and
+far slower than any compiled kernel. Selection warns once per spec and device (SlowPathWarning),
+naming why every faster backend lost; in strict mode (strict=True or HAL_STRICT=1) it raises
+NoKernelError instead."""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Optional
@@ -30,7 +37,7 @@ from typing import Optional
 import attrs
 
 from hal import ops
-from hal.backend import Backend, Target, checked
+from hal.backend import RANK_REFERENCE, Backend, Target, checked
 from hal.caps import Caps
 from hal.live import refine
 from hal.spec import MoESpec, RequantSpec
@@ -40,6 +47,12 @@ log = logging.getLogger("hal.registry")
 
 ENTRY_POINT_GROUP = "hal.backends"
 GLOBAL_VARIABLES = ("HAL_BACKENDS", "HAL_DISABLE_BACKENDS")
+STRICT_VARIABLE = "HAL_STRICT"
+_HAL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class SlowPathWarning(UserWarning):
+    """Selection fell to the reference oracle because no faster backend can run the spec here."""
 
 
 class NoKernelError(RuntimeError):
@@ -66,6 +79,7 @@ class Candidate:
     rank: Optional[int] = None
     priority: int = 0
     forced: bool = False  # named by prefer= or the op's override variable
+    serves: bool = True  # the backend declares the op
 
     @property
     def eligible(self) -> bool:
@@ -101,6 +115,18 @@ class Decision:
     forced_by: Optional[str] = None  # "prefer=" or the op's override variable
     forced: Optional[str] = None  # the backend named
 
+    @property
+    def slow(self) -> bool:
+        """The winner is in the reference band and nobody forced it: nothing faster can run."""
+        winner = next((c for c in self.candidates if c.name == self.winner), None)
+        return winner is not None and not winner.forced and (winner.rank or 0) <= RANK_REFERENCE
+
+    def losers(self) -> str:
+        """Why every other backend that serves the op lost, on one line."""
+        return "; ".join(f"{c.name}: {'runs only when forced: ' if c.verdict.ok else ''}"
+                         f"{c.verdict.summary()}" for c in sorted(self.candidates, key=lambda c: c.name)
+                         if c.name != self.winner and c.serves) or "no other backend serves the op"
+
     def explain(self) -> str:
         forced = f", {self.forced!r} forced by {self.forced_by}" if self.forced_by else ""
         variable = ops.get(self.op).override_variable
@@ -108,6 +134,11 @@ class Decision:
         order = sorted(self.candidates, key=lambda c: (c.name != self.winner, not c.eligible,
                                                        not c.verdict.ok, c.order_key()))
         lines += [c.line(c.name == self.winner, variable) for c in order]
+        if self.slow:
+            lines[2] += "  [SLOW PATH]"
+            lines.append(f"  SLOW PATH: {self.winner} is the reference oracle, far slower than a compiled "
+                         f"kernel; no faster backend can run this spec here ({STRICT_VARIABLE}=1 makes "
+                         "this an error)")
         if not self.candidates:
             lines.append(f"  no backend is registered under the {ENTRY_POINT_GROUP!r} entry points: "
                          "install the package (pip install -e .) so its metadata lists them")
@@ -121,6 +152,7 @@ class Decision:
             "winner": self.winner,
             "forced_by": self.forced_by,
             "forced": self.forced,
+            "slow_path": self.slow,
             "spec": attrs.asdict(self.spec),
             "candidates": [{"name": c.name, "ok": c.verdict.ok, "rank": c.rank, "priority": c.priority,
                             "explicit_only": c.verdict.explicit_only, "eligible": c.eligible,
@@ -132,6 +164,25 @@ class Decision:
 def _env_list(name: str) -> Optional[set]:
     raw = os.environ.get(name, "").strip()
     return {item.strip() for item in raw.split(",") if item.strip()} if raw else None
+
+
+def _check_names(names, variable: str, known: set) -> None:
+    """A ValueError naming `variable` when it names a backend that is not registered."""
+    unknown = sorted(set(names or ()) - known)
+    if unknown:
+        raise ValueError(f"{variable} names {', '.join(map(repr, unknown))}, not a registered backend: "
+                         f"known backends are {', '.join(sorted(known)) or '(none)'}")
+
+
+def strict_from_env() -> bool:
+    """HAL_STRICT: 1 refuses the slow path everywhere, 0 or unset allows it with a warning."""
+    raw = os.environ.get(STRICT_VARIABLE, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{STRICT_VARIABLE}={raw!r}: expected 1 (refuse the reference oracle as a "
+                     "fallback) or 0")
 
 
 def discover() -> list:
@@ -168,7 +219,8 @@ def _candidate(found: Discovered, op: ops.Op, spec, target: Target, forced: bool
         return Candidate(found.name, Verdict.reject(found.error), forced=forced)
     backend = found.backend
     if op.name not in backend.ops:
-        return Candidate(found.name, Verdict.reject(f"does not serve op {op.name!r}"), forced=forced)
+        return Candidate(found.name, Verdict.reject(f"does not serve op {op.name!r}"), forced=forced,
+                         serves=False)
     priority = getattr(backend, "priority", 0)
     try:
         verdict = checked(backend, spec, target)
@@ -190,7 +242,13 @@ def forced_backend(op: ops.Op, prefer: Optional[str]) -> tuple:
 def decide(spec, target: Target, found: Iterable[Discovered], prefer: Optional[str] = None) -> Decision:
     """The pure part of selection: every candidate's verdict and the winner's name."""
     op = ops.op_of(spec)
+    found = list(found)
+    known = {item.name for item in found}
     allow, deny = _env_list("HAL_BACKENDS"), _env_list("HAL_DISABLE_BACKENDS")
+    _check_names(allow, "HAL_BACKENDS", known)
+    _check_names(deny, "HAL_DISABLE_BACKENDS", known)
+    for each in ops.OPS:
+        _check_names(_env_list(each.override_variable), each.override_variable, known)
     forced, forced_by = forced_backend(op, prefer)
     candidates = []
     for item in found:
@@ -213,29 +271,74 @@ def _winner(candidates) -> Optional[str]:
 
 
 def _resolve_caps(caps: Optional[Caps], device: str) -> Caps:
-    if caps is not None:
-        return caps
-    from hal.probe import probe
+    """The caps to decide on: `caps`, else this machine's (whose `device` must exist) or HAL_CAPS's.
+    A GPU device must be among the GPUs the caps list."""
+    if caps is None:
+        from hal.probe import probe
+        from hal.probe.profiles import HAL_CAPS_VARIABLE
 
-    # Creating a GPU context is fine here: the caller is about to run on that GPU.
-    return probe(deep=device != "cpu")
+        if not os.environ.get(HAL_CAPS_VARIABLE):
+            from hal.devices import require_device
+
+            require_device(device)
+        # Creating a GPU context is fine here: the caller is about to run on that GPU.
+        caps = probe(deep=device != "cpu")
+    if device != "cpu":
+        index = int(device.partition(":")[2])
+        if not any(gpu.index == index for gpu in caps.gpus):
+            listed = ", ".join(f"cuda:{gpu.index}" for gpu in caps.gpus) or "none"
+            raise ValueError(f"device={device!r}: the capabilities ({caps.profile or 'probed'}) list no "
+                             f"GPU at index {index} (GPUs listed: {listed})")
+    return caps
+
+
+def _warn_slow_path(decision: Decision) -> None:
+    """One SlowPathWarning per spec and device, pointed at the caller's line outside hal."""
+    key = (decision.spec, decision.device)
+    if key in _slow_path_warned:
+        return
+    _slow_path_warned.add(key)
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename.startswith(_HAL_DIR):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(f"{decision.op} on {decision.device} takes the slow path: {decision.winner}, the "
+                  f"reference oracle, runs {decision.spec} because no faster backend can: "
+                  f"{decision.losers()}. Pass prefer={decision.winner!r} to choose it knowingly, or "
+                  f"strict=True ({STRICT_VARIABLE}=1) to make this an error.",
+                  SlowPathWarning, stacklevel=level)
+
+
+_slow_path_warned: set = set()  # (spec, device) already warned about in this process
 
 
 def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Optional[str] = None,
-                  backends: Optional[Iterable[Discovered]] = None):
+                  backends: Optional[Iterable[Discovered]] = None, strict: Optional[bool] = None):
     """Pick and build the best kernel for `spec` on `device`, whatever its op. `caps` defaults to
-    probing this machine; `backends` defaults to the entry points (tests pass their own)."""
+    probing this machine; `backends` defaults to the entry points (tests pass their own). `strict`
+    (default: HAL_STRICT) raises NoKernelError where only the reference oracle can run the spec;
+    otherwise that slow path is taken with a SlowPathWarning."""
     device = normalize_device(device)
     op = ops.op_of(spec)
+    strict_arg = strict
+    if strict is None:
+        strict = strict_from_env()
+    elif not isinstance(strict, bool):
+        raise ValueError(f"strict={strict!r}: expected True, False or None ({STRICT_VARIABLE})")
     target = refine(Target(device, _resolve_caps(caps, device)))
     found = list(discover() if backends is None else backends)
     decision = decide(spec, target, found, prefer)
     if decision.forced_by and decision.winner is None:
-        known = any(item.name == decision.forced for item in found)
-        why = "cannot run this spec" if known else "is not a registered backend"
+        names = sorted(item.name for item in found)
+        why = ("cannot run this spec" if decision.forced in names else
+               f"is not a registered backend: known backends are {', '.join(names) or '(none)'}")
         raise NoKernelError(decision, f"backend {decision.forced!r} ({decision.forced_by}) {why}")
     by_name = {item.name: item.backend for item in found}
     while decision.winner is not None:
+        if strict and decision.slow:
+            how = "strict=True" if strict_arg else f"{STRICT_VARIABLE}=1"
+            raise NoKernelError(attrs.evolve(decision, winner=None),
+                                f"no fast backend can run {op.name} for this spec on {device}, and {how} "
+                                f"refuses the reference oracle")
         try:
             kernel = by_name[decision.winner].build(spec, target)
         except Exception as exc:
@@ -248,6 +351,8 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
             decision = attrs.evolve(decision, candidates=candidates, winner=_winner(candidates))
             continue
         kernel.decision = decision
+        if decision.slow:
+            _warn_slow_path(decision)
         winner = next(c for c in decision.candidates if c.name == decision.winner)
         log.info("%s on %s: %s (%s)", decision.op, device, decision.winner, winner.verdict.summary())
         for c in decision.candidates:
@@ -258,20 +363,22 @@ def select_kernel(spec, device="cpu", *, caps: Optional[Caps] = None, prefer: Op
 
 
 def select_moe_kernel(spec: MoESpec, device="cpu", *, caps: Optional[Caps] = None,
-                      prefer: Optional[str] = None, backends=None, group=None):
+                      prefer: Optional[str] = None, backends=None, group=None,
+                      strict: Optional[bool] = None):
     """Op "moe" (layout="tokens") or "moe_masked" (layout="masked"), as the spec's layout says.
     With `group` (a torch.distributed process group), an expert-parallel kernel over its ranks."""
     if not isinstance(spec, MoESpec):
         raise ValueError(f"spec must be hal.MoESpec, got {type(spec).__name__}")
     if group is not None:  # expert parallelism over a torch.distributed group: hal/distributed
         from hal.distributed import select_ep_kernel
-        return select_ep_kernel(spec, device, group, caps=caps, prefer=prefer, backends=backends)
-    return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends)
+        return select_ep_kernel(spec, device, group, caps=caps, prefer=prefer, backends=backends,
+                                strict=strict)
+    return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends, strict=strict)
 
 
 def select_requant_kernel(spec: RequantSpec, device="cuda", *, caps: Optional[Caps] = None,
-                          prefer: Optional[str] = None, backends=None):
+                          prefer: Optional[str] = None, backends=None, strict: Optional[bool] = None):
     """Op "requant"."""
     if not isinstance(spec, RequantSpec):
         raise ValueError(f"spec must be hal.RequantSpec, got {type(spec).__name__}")
-    return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends)
+    return select_kernel(spec, device, caps=caps, prefer=prefer, backends=backends, strict=strict)

@@ -71,15 +71,19 @@ def check_weights(weights, spec: MoESpec) -> None:
     for name in ("b13", "b2"):
         if getattr(weights, name) is not None and not spec.has_bias:
             raise ValueError(f"weights.{name} is set but spec.has_bias is False")
-    check_expert_map(weights.expert_map, spec)
+    check_expert_map(weights.expert_map, spec, device)
 
 
-def check_expert_map(expert_map, spec: MoESpec) -> None:
+def check_expert_map(expert_map, spec: MoESpec, device=None) -> None:
+    """`device`, when given, is the weights' device: the map is read there, so it lives there."""
     if expert_map is None:
         if spec.is_ep:
             raise ValueError("weights.expert_map is missing: spec.num_local_experts="
                              f"{spec.num_local_experts} < num_experts={spec.num_experts} needs it")
         return
+    if device is not None and expert_map.device != device:
+        raise ValueError(f"weights.expert_map is on {expert_map.device}: expected {device} like "
+                         "weights.w13")
     if expert_map.dtype != torch.int32 or tuple(expert_map.shape) != (spec.num_experts,):
         raise ValueError(f"weights.expert_map is {expert_map.dtype} {tuple(expert_map.shape)}: "
                          f"expected torch.int32 ({spec.num_experts},)")

@@ -1,9 +1,12 @@
 """The ceilings every figure is compared with, measured in the same run as the figure: memory
 bandwidth (a large copy, bytes read plus written), the bf16 matrix rate (a large matmul) and, on a
-GPU, the time of an empty kernel launch (the floor of anything tiny)."""
+GPU, the time of an empty kernel launch (the floor of anything tiny). Copy and matmul are measured
+in several rounds: the rate is the median round's, and the spread (fastest round over slowest)
+says whether the machine was quiet enough to trust a fraction of it."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Optional
 
@@ -25,6 +28,9 @@ CPU_MATMUL_N = 2048  # large enough for oneDNN/AMX to reach its plateau on one s
 CPU_MATMUL_TARGET_S = 0.05
 CPU_MATMUL_PROBE_N = 256
 GPU_MATMUL_N = 8192  # the size at which the H200's bf16 rate was recorded (708-790 TFLOP/s)
+# Rounds per ceiling, and the samples in each: together about what one measurement took alone.
+ROUNDS = 3
+ROUND_ITERS = 4
 
 
 @attrs.frozen
@@ -33,11 +39,14 @@ class Ceilings:
     copy_gbps: float  # bytes read + written per second / 1e9
     bf16_tflops: float
     launch_us: Optional[float] = None  # an empty Triton kernel under graph replay (GPU only)
+    copy_spread: float = 1.0  # the fastest round's rate over the slowest's (1.0: identical rounds)
+    bf16_spread: float = 1.0
 
     def describe(self) -> str:
         launch = f", empty launch {self.launch_us:.2f} us" if self.launch_us is not None else ""
-        return (f"ceilings on {self.device}, measured in this run: copy {self.copy_gbps:.0f} GB/s, "
-                f"bf16 matmul {self.bf16_tflops:.3g} TFLOP/s{launch}")
+        return (f"ceilings on {self.device}, measured in this run ({ROUNDS} rounds, fastest/slowest): "
+                f"copy {self.copy_gbps:.0f} GB/s ({self.copy_spread:.2f}x), bf16 matmul "
+                f"{self.bf16_tflops:.3g} TFLOP/s ({self.bf16_spread:.2f}x){launch}")
 
     def floor_s(self, bytes_moved: float = 0.0, flops: float = 0.0) -> float:
         """The least time any kernel needs for this work here."""
@@ -49,12 +58,15 @@ def measure(device: str) -> Ceilings:
     cpu = device == "cpu"
     n = _cpu_matmul_n() if cpu else GPU_MATMUL_N
     copy_bytes = CPU_COPY_BYTES if cpu else GPU_COPY_BYTES
-    return Ceilings(device, 2 * copy_bytes / _copy_seconds(device, copy_bytes) / 1e9,
-                    2 * n**3 / _matmul_seconds(device, n) / 1e12,
-                    None if cpu else _empty_launch_us(device))
+    copy = [2 * copy_bytes / s / 1e9 for s in _copy_seconds(device, copy_bytes)]
+    matmul = [2 * n**3 / _matmul_seconds(device, n, iters=ROUND_ITERS) / 1e12 for _ in range(ROUNDS)]
+    return Ceilings(device, statistics.median(copy), statistics.median(matmul),
+                    None if cpu else _empty_launch_us(device), max(copy) / min(copy),
+                    max(matmul) / min(matmul))
 
 
-def _copy_seconds(device: str, nbytes: int) -> float:
+def _copy_seconds(device: str, nbytes: int) -> list:
+    """The median seconds of one copy in each of ROUNDS rounds, on one pair of buffers."""
     import torch
 
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
@@ -64,7 +76,8 @@ def _copy_seconds(device: str, nbytes: int) -> float:
         while time.perf_counter() - start < GPU_SPIN_UP_S:
             dst.copy_(src)
             torch.cuda.synchronize()
-    return time_calls(device, [lambda: dst.copy_(src)], warmup=2, iters=10, graph=False).median_s
+    return [time_calls(device, [lambda: dst.copy_(src)], warmup=2 if r == 0 else 0, iters=ROUND_ITERS,
+                       graph=False).median_s for r in range(ROUNDS)]
 
 
 def _empty_launch_us(device: str) -> Optional[float]:

@@ -1,5 +1,5 @@
-"""What a benchmark can use on this machine: whether its device exists, and how many bytes of
-inputs fit in the memory that is free now."""
+"""What a benchmark can use on this machine: how many bytes of inputs fit in the memory that is
+free now."""
 
 from __future__ import annotations
 
@@ -9,29 +9,6 @@ from typing import Optional
 # Inputs may take this share of the free memory: kernels, outputs, the reference's float
 # temporaries and the ceilings' copy buffers need the rest.
 INPUT_SHARE = 0.25
-
-
-class NoDeviceError(ValueError):
-    """The benchmark's device is not on this machine."""
-
-
-def require_device(device: str) -> None:
-    """A NoDeviceError saying why `device` cannot run here (one line, for the CLI)."""
-    if device == "cpu":
-        return
-    import torch
-
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        why = f"the installed torch {torch.__version__} is not a CUDA or ROCm build"
-    elif not torch.cuda.is_available():
-        why = "no GPU is visible"
-    else:
-        index = int(device.partition(":")[2] or 0)
-        count = torch.cuda.device_count()
-        if index < count:
-            return
-        why = f"{count} GPU(s) are visible"
-    raise NoDeviceError(f"no {device} on this machine: {why} (--device cpu runs on the CPU)")
 
 
 def _cpu_free_bytes() -> Optional[int]:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import attrs
 
-from hal.bench import machine
+from hal.bench import machine, noise
 from hal.bench.ceilings import Ceilings
 from hal.bench.table import table_lines
 from hal.bench.timing import DEFAULT_ITERS, DEFAULT_WARMUP, Timing, time_calls
@@ -31,6 +31,7 @@ class MoERow:
     gbps: float
     tflops: float
     roofline: float  # the floor time (bytes / copy rate, or flops / bf16 rate) over the median
+    floor_s: float  # that floor time
     vs_baseline: Optional[float]  # the baseline's median over this row's: > 1 is faster
     vs_reference: Optional[float]
 
@@ -43,6 +44,8 @@ class MoEBench:
     ceilings: Ceilings
     baseline: Optional[str]
     rows: tuple
+    load_per_cpu: Optional[float] = None  # before the run (hal.bench.noise)
+    noise: tuple = ()  # one line per sign of a noisy machine
 
 
 def variants(spec, device: str, caps, backend: Optional[str] = None, include_reference: bool = True,
@@ -116,6 +119,7 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
 
     if threads:
         torch.set_num_threads(threads)
+    load = noise.load_per_cpu()
     kernels = variants(spec, device, caps, backend, include_reference, include_others)
     check_fits(spec, device, len(kernels))
     print(f"[hal bench] measuring ceilings on {device} ...", file=log, flush=True)
@@ -146,11 +150,15 @@ def run(spec, device: str, caps, tokens: Sequence[int], routings: Sequence[str],
             for label, t in timings.items():
                 rows.append(MoERow(
                     m, routing, label, t, weight_bytes, flops,
-                    weight_bytes / t.median_s / 1e9, flops / t.median_s / 1e12, floor / t.median_s,
+                    weight_bytes / t.median_s / 1e9, flops / t.median_s / 1e12, floor / t.median_s, floor,
                     timings[baseline].median_s / t.median_s if baseline else None,
                     timings["reference"].median_s / t.median_s if "reference" in timings else None))
+    over = sum(r.roofline > 1 for r in rows)
+    warned = noise.warnings_for(ceilings, load, over)
+    for line in warned:
+        print(f"[hal bench] WARNING: {line}", file=log, flush=True)
     return MoEBench(spec, device, torch.get_num_threads() if device == "cpu" else None, ceilings,
-                    baseline, tuple(rows))
+                    baseline, tuple(rows), load, warned)
 
 
 def format_table(result: MoEBench, markdown: bool = False) -> str:
@@ -160,13 +168,22 @@ def format_table(result: MoEBench, markdown: bool = False) -> str:
              f"on {result.device}" + (f", {result.threads} threads" if result.threads else ""),
              result.ceilings.describe(),
              "GB/s: checkpoint bytes of the experts touched per call; roof: the floor time (those bytes "
-             "at the copy rate, or the flops at the bf16 rate) over the median"]
+             "at the copy rate, or the flops at the bf16 rate) over the median; p10-p90: the spread of "
+             "the samples"]
+    notes += [f"WARNING, a noisy machine: {line}" for line in result.noise]
     if result.baseline:
         notes.append(f"x base: {result.baseline}'s median over the row's (> 1 is faster)")
-    head = ("routing", "M", "variant", "median us", "GB/s", "TFLOP/s", "roof", "x base", "x ref",
-            "timing")
+    head = ("routing", "M", "variant", "median us", "p10-p90 us", "GB/s", "TFLOP/s", "roof", "x base",
+            "x ref", "timing")
     opt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    body = [(r.routing, str(r.tokens), r.variant, f"{r.timing.median_s * 1e6:.1f}", f"{r.gbps:.1f}",
-             f"{r.tflops:.3f}", f"{r.roofline:.0%}", opt(r.vs_baseline), opt(r.vs_reference),
+    body = [(r.routing, str(r.tokens), r.variant, f"{r.timing.median_s * 1e6:.1f}",
+             f"{r.timing.p10_s * 1e6:.1f}-{r.timing.p90_s * 1e6:.1f}", f"{r.gbps:.1f}",
+             f"{r.tflops:.3f}", roof(r.roofline), opt(r.vs_baseline), opt(r.vs_reference),
              r.timing.method) for r in result.rows]
     return "\n".join(notes + [""] + table_lines(head, body, markdown))
+
+
+def roof(fraction: float) -> str:
+    """A fraction of the roofline as a percentage; above 100% it is no figure at all (a ceiling was
+    measured low), and says so."""
+    return ">100%!" if fraction > 1 else f"{fraction:.0%}"

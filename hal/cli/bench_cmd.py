@@ -29,6 +29,9 @@ def add_parser(sub):
     moe.add_argument("--only", action="store_true",
                      help="time only the main kernel, its baselines and the reference, not the "
                           "other backends that accept the spec")
+    moe.add_argument("--plot", metavar="FILE.png",
+                     help="also draw time against tokens for every variant and the roofline "
+                          "(needs matplotlib: pip install 'moe-hal[plot]')")
     _common(moe)
     moe.set_defaults(run=run_moe)
 
@@ -80,7 +83,18 @@ def _emit(args, result, format_table) -> int:
 def run_moe(args) -> int:
     from hal.bench import moe
 
-    return _emit(args, _bench_moe(args), moe.format_table)
+    if args.plot:
+        from hal.bench.plot import require_matplotlib
+
+        require_matplotlib()
+    result = _bench_moe(args)
+    code = _emit(args, result, moe.format_table)
+    if args.plot:
+        from hal.bench.plot import plot_moe
+
+        plot_moe(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return code
 
 
 def run_requant(args) -> int:
@@ -91,8 +105,8 @@ def run_requant(args) -> int:
 
 def run_suite(args) -> int:
     from hal.bench import suites
-    from hal.bench.machine import require_device
     from hal.cli.main import parser
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     if args.list or not args.name:
@@ -130,7 +144,7 @@ def run_suite(args) -> int:
 def _bench_moe(args):
     import hal
     from hal.bench import moe
-    from hal.bench.machine import require_device
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     for routing in args.routing:
@@ -151,7 +165,7 @@ def _bench_moe(args):
 def _bench_requant(args):
     import hal
     from hal.bench import requant
-    from hal.bench.machine import require_device
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     device = normalize_device(args.device)

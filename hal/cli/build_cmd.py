@@ -16,10 +16,13 @@ def add_parser(sub):
 def run(args) -> int:
     import hal
     from hal import presets
+    from hal.devices import require_device
     from hal.registry import normalize_device
 
     device = normalize_device(args.device)
     caps = hal.probe(deep=device != "cpu")
+    if caps.profile is None:
+        require_device(device)
     if args.model or args.experts:
         specs = [spec_args.spec_from(args)]
     else:

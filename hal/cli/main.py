@@ -6,11 +6,13 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 
-from hal.cli import bench_cmd, build_cmd, probe_cmd, profiles_cmd, select_cmd
+from hal.cli import bench_cmd, build_cmd, doctor_cmd, probe_cmd, profiles_cmd, select_cmd
 from hal.jit import BuildError
+from hal.registry import NoKernelError
 
-COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd)
+COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd, doctor_cmd)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,16 +30,16 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(name)s: %(message)s")
+    warnings.showwarning = lambda message, category, *_: print(
+        f"hal {args.command}: warning: {message}", file=sys.stderr)  # one line, not a source excerpt
     try:
         code = args.run(args) or 0
         sys.stdout.flush()  # a pipe's buffer is written here, where a closed reader is caught
         return code
-    except (ValueError, KeyError) as exc:
+    # Expected failures: the reason (and a NoKernelError's decision trace), no traceback.
+    except (ValueError, KeyError, NoKernelError, BuildError) as exc:
         print(f"hal {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except BuildError as exc:  # a kernel that could not be compiled or cached: the reason, no traceback
-        print(f"hal {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -14,7 +14,8 @@ from hal.spec import MoESpec
 
 
 def select_ep_kernel(spec: MoESpec, device="cpu", group=None, *, caps: Optional[Caps] = None,
-                     prefer: Optional[str] = None, backends=None) -> ExpertParallelKernel:
+                     prefer: Optional[str] = None, backends=None,
+                     strict: Optional[bool] = None) -> ExpertParallelKernel:
     """`spec` is the whole layer (num_experts global); `group` a torch.distributed process group or
     a hal.distributed.EPGroup. Not a collective."""
     from hal.registry import normalize_device, select_kernel
@@ -30,7 +31,8 @@ def select_ep_kernel(spec: MoESpec, device="cpu", group=None, *, caps: Optional[
         raise ValueError(f"num_local_experts={spec.num_local_experts} is not allowed with group=: pass the "
                          f"whole layer's spec; rank {comm.rank} owns {count} experts "
                          f"({comm.assignment.describe()})")
-    local = select_kernel(local_spec(spec, count), device, caps=caps, prefer=prefer, backends=backends)
+    local = select_kernel(local_spec(spec, count), device, caps=caps, prefer=prefer, backends=backends,
+                          strict=strict)
     kernel = ExpertParallelKernel(spec, comm, local)
     kernel.decision = local.decision
     return kernel

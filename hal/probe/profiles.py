@@ -39,6 +39,8 @@ def _read(path: Path, name) -> Caps:
         caps = Caps.from_json(path.read_text())
     except (ValueError, TypeError) as exc:
         raise ValueError(f"profile file {path}: {exc}") from exc
+    except RecursionError:  # json nests deeper than the interpreter's stack
+        raise ValueError(f"profile file {path}: nested too deeply to be a caps file") from None
     return attrs.evolve(caps, profile=name or caps.profile or path.stem)
 
 

@@ -203,6 +203,8 @@ def _weights_mutations(rng: random.Random, pool: Pool) -> list:
             ("expert_map int64", "expert_map", dict(expert_map=m.long())),
             ("expert_map wrong length", "expert_map", dict(expert_map=small[:-1])),
             ("expert_map missing", "expert_map", dict(expert_map=None)),
+            ("expert_map on the meta device", "expert_map",
+             dict(expert_map=torch.empty(m.shape, dtype=m.dtype, device="meta"))),
         ]
     what, arg, change = rng.choice(choices)
 
@@ -241,12 +243,15 @@ def _masked_mutations(rng: random.Random, pool: Pool, op: str) -> list:
         ("masked_m shape", "masked_m", dict(mm=torch.cat([mm, mm]))),
         ("expected_rows negative", "expected_rows", dict(expected_rows=-rng.randint(1, 9))),
         ("expected_rows float", "expected_rows", dict(expected_rows=1.5)),
+        ("expected_rows a bool", "expected_rows", dict(expected_rows=rng.choice([True, False]))),
         ("out shape", "out", dict(out=torch.empty(E, max_m + 1, H, dtype=torch.bfloat16, device=dev))),
     ]
     if op == "requant":
         choices += [
             ("output_scale zero", "output_scale", dict(s=torch.tensor([0.0], device=dev))),
             ("output_scale inf", "output_scale", dict(s=torch.tensor([float("inf")], device=dev))),
+            ("output_scale subnormal", "output_scale",
+             dict(s=torch.tensor([rng.choice([1e-45, 1e-40, 5e-39])], device=dev))),
             ("output_scale two elements", "output_scale", dict(s=torch.tensor([1.0, 2.0], device=dev))),
             ("output_scale float64", "output_scale",
              dict(s=torch.tensor([0.1], dtype=torch.float64, device=dev))),
@@ -254,6 +259,16 @@ def _masked_mutations(rng: random.Random, pool: Pool, op: str) -> list:
         ]
     else:
         choices.append(("prepared is None", "prepared", dict(prepared=None)))
+    plans = [  # plan() takes the same counts as the call
+        ("plan expected_rows a bool", "expected_rows", lambda: b.kernel.plan(
+            *([max_m] if op == "requant" else [mm]), expected_rows=True)),
+        ("plan max_m negative" if op == "requant" else "plan masked_m float",
+         "max_m" if op == "requant" else "masked_m",
+         (lambda: b.kernel.plan(-1)) if op == "requant" else (lambda: b.kernel.plan(mm.float()))),
+    ]
+    if rng.random() < len(plans) / (len(plans) + len(choices)):
+        what, arg, call = rng.choice(plans)
+        return [Invalid(f"{case.backend} {case.spec_id}: {what}", arg, call)]
     what, arg, change = rng.choice(choices)
     args = dict(x=x, xs=xs, mm=mm, s=torch.tensor([0.02], device=dev), out=None, expected_rows=None,
                 prepared=b.prepared) | change
@@ -279,9 +294,24 @@ def _selection_mutations(rng: random.Random, pool: Pool) -> list:
             spec, "cpu", caps=caps_for(pool.device))),
         ("weights not MoEWeights", "weights", lambda: harness.built(rng.choice(pool.cases["moe"]))
          .kernel.prepare_weights({"w13": None})),
+        ("select strict not a bool", "strict", lambda: hal.select_moe_kernel(
+            spec, "cpu", caps=caps_for(pool.device), strict="yes")),
+        ("caps field of the wrong type", "permitted", lambda: _caps_with_amx_permitted("no")),
     ]
+    if not torch.cuda.is_available():
+        choices.append(("select device cuda without a GPU", "device",
+                        lambda: hal.select_moe_kernel(spec, rng.choice(["cuda", "cuda:1"]))))
     what, arg, call = rng.choice(choices)
     return [Invalid(what, arg, call)]
+
+
+def _caps_with_amx_permitted(value):
+    """Caps read back from JSON whose cpu.amx.permitted holds `value`."""
+    from hal.caps import Caps
+
+    data = json.loads(Caps().to_json())
+    data["cpu"]["amx"]["permitted"] = value
+    return Caps.from_json(json.dumps(data))
 
 
 def invalid_cases(rng: random.Random, pool: Pool):
