@@ -11,6 +11,8 @@ group "hal.backends"; hal/ never imports a backend module by name.
     priority  optional int (default 0): among equal ranks the higher wins, then the name
     act_quants optional tuple (default ("none",)): the activation numerics (MoESpec.act_quant) its
               kernels compute; selection rejects the others before check() is asked
+    packages  optional tuple (default ()): the Python packages its build() imports beyond moe-hal's
+              own requirements (e.g. "triton"), so `hal probe` can say what a missing one disables
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ def checked(backend, spec, target: Target) -> Verdict:
     if not numerics:
         return verdict
     return Verdict.from_reasons(numerics + ([] if verdict.ok else list(verdict.reasons)))
+
+
+def missing_packages(backends) -> dict:
+    """{package: [backend names]} for each package a backend declares that is not installed here,
+    found without importing anything."""
+    from importlib.util import find_spec
+
+    missing: dict = {}
+    for backend in backends:
+        for package in getattr(backend, "packages", ()):
+            if find_spec(package) is None:
+                missing.setdefault(package, []).append(backend.name)
+    return missing
 
 
 def triton_interpreting() -> bool:

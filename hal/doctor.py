@@ -109,11 +109,14 @@ def _release(nvcc: str) -> str:
 
 
 def _triton() -> Check:
+    from hal.registry import discover
+
     try:
         import triton
     except Exception as exc:
         return Check("triton", False, f"cannot be imported ({type(exc).__name__}: {exc})",
-                     "triton_moe, requant and w4afp8")
+                     ", ".join(sorted(f.name for f in discover()
+                                      if f.backend and "triton" in getattr(f.backend, "packages", ()))))
     return Check("triton", True, f"triton {getattr(triton, '__version__', 'unknown version')}")
 
 

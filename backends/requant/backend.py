@@ -46,6 +46,7 @@ def _notes(spec, target) -> list:
 class RequantBackend:
     name = "requant"
     ops = ("requant", "moe_masked")
+    packages = ("triton",)  # its kernels are Triton programs
 
     def check(self, spec, target) -> Verdict:
         reasons = spec_problems(spec) + target_problems(target)

@@ -50,6 +50,7 @@ def _leads_marlin(spec, gpu) -> bool:
 class TritonMoEBackend:
     name = NAME
     ops = ("moe",)
+    packages = ("triton",)  # its kernels are Triton programs
     act_quants = support.ACT_QUANTS
 
     def check(self, spec, target) -> Verdict:

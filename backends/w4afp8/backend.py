@@ -69,6 +69,7 @@ def _notes(target) -> list:
 class W4AFp8Backend:
     name = NAME
     ops = ("moe_masked",)
+    packages = ("triton",)  # its kernels are Triton programs
 
     def check(self, spec, target) -> Verdict:
         reasons = spec_problems(spec) + target_problems(target)

@@ -44,6 +44,8 @@ def run(args) -> int:
         print(json.dumps({**attrs.asdict(caps), SELECTION_KEY: [attrs.asdict(r) for r in rows]}, indent=2))
     else:
         print(format_caps(caps))
+        if not args.profile:
+            _print_missing_packages()
         print()
         print("Kernel per model preset (hal select --model NAME --tokens N for the per-call plan):")
         print(format_matrix(rows))
@@ -53,3 +55,12 @@ def run(args) -> int:
               "mode refuses it", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_missing_packages() -> None:
+    from hal.backend import missing_packages
+    from hal.registry import discover
+
+    for package, names in missing_packages(f.backend for f in discover() if f.backend).items():
+        print(f"  {package} is not installed: {', '.join(sorted(names))} cannot run here "
+              f"(pip install {package}; CUDA and ROCm builds of torch bring triton with them)")
