@@ -3,6 +3,7 @@
     caps = hal.probe()                       # or hal.probe(profile="h200")
     kernel = hal.select_moe_kernel(spec, device="cpu")
     print(kernel.decision.explain())
+    hal.release_scratch()                    # hand back what kernels keep between calls
 
 The ops ("moe", "moe_masked", "requant"), their templates and override variables: hal.ops.
 """
@@ -13,6 +14,7 @@ import hal.probe as _probe_package
 from hal import ops
 from hal.caps import Caps, CpuCaps, GpuCaps
 from hal.registry import NoKernelError, select_kernel, select_moe_kernel, select_requant_kernel
+from hal.scratch import release_scratch, scratch_bytes
 from hal.spec import MoESpec, MoEWeights, RequantSpec
 
 __version__ = "0.1.0"
@@ -29,4 +31,5 @@ def profiles() -> list:
 
 
 __all__ = ["Caps", "CpuCaps", "GpuCaps", "MoESpec", "MoEWeights", "NoKernelError", "RequantSpec", "ops",
-           "probe", "profiles", "select_kernel", "select_moe_kernel", "select_requant_kernel"]
+           "probe", "profiles", "release_scratch", "scratch_bytes", "select_kernel", "select_moe_kernel",
+           "select_requant_kernel"]
