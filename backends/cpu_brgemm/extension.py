@@ -18,10 +18,12 @@ SANITIZER_CFLAGS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer",
 
 @functools.cache
 def ops(isa: str, sanitizer: Optional[str] = None):
-    """torch.ops namespace with fused_moe, route_plan, brgemm_packs_bf16 and isa_name."""
+    """torch.ops namespace with fused_moe, route_plan, brgemm_packs_bf16, isa_name, decode_fp8 and
+    the scratch ops (release_scratch, scratch_bytes), which hal.release_scratch reaches through the
+    holder registered here."""
     import torch
 
-    from hal import jit
+    from hal import jit, scratch
 
     if isa not in policy.ISA_CFLAGS:
         raise ValueError(f"isa={isa!r} is not allowed: expected one of {', '.join(policy.ISA_CFLAGS)}")
@@ -41,4 +43,7 @@ def ops(isa: str, sanitizer: Optional[str] = None):
                      MOE_COPY_CHUNK_BYTES=policy.COPY_CHUNK_BYTES,
                      MOE_SPINS_BEFORE_YIELD=policy.SPINS_BEFORE_YIELD),
         extra_cflags=policy.ISA_CFLAGS[isa] + SANITIZER_CFLAGS.get(sanitizer, ()))
-    return getattr(torch.ops, namespace)
+    built = getattr(torch.ops, namespace)
+    scratch.register(f"cpu_brgemm {isa}" + (f" {sanitizer}" if sanitizer else ""), built.release_scratch,
+                     built.scratch_bytes)
+    return built

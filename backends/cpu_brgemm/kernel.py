@@ -17,6 +17,7 @@ from backends.cpu_brgemm.policy import (
     DEFAULT_POLICY,
     FORMAT_CODES,
     POLICIES,
+    SCRATCH_CAP_BYTES,
 )
 from hal import live
 from hal.backend import Target
@@ -69,6 +70,14 @@ class CpuBrgemmKernel(MoEKernel):
             raise ValueError("this CPU has neither AVX-512-BF16 nor AVX2+FMA: the planner cannot run")
         return extension.ops(host_isa)
 
+    @functools.cached_property
+    def max_chunk_tokens(self) -> int:
+        """Tokens per pass of a call: one pass's compact caches, top_k x (6H + 2I) bytes a token,
+        stay within SCRATCH_CAP_BYTES, so the scratch a call keeps has that cap."""
+        spec = self.spec
+        token_bytes = spec.top_k * (6 * spec.hidden_size + 2 * spec.intermediate_size)
+        return max(1, SCRATCH_CAP_BYTES // token_bytes)
+
     def compile(self) -> list:
         self.ops  # noqa: B018  (builds this kernel's ISA specialization)
         return [f"cpu_brgemm {self.isa}"]
@@ -109,7 +118,8 @@ class CpuBrgemmKernel(MoEKernel):
         spec = self.spec
         return self.ops.fused_moe, (
             FORMAT_CODES[spec.weight_format], ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
-            float(spec.swiglu_limit), POLICIES.index(self.policy), self.brgemm_supported)
+            float(spec.swiglu_limit), POLICIES.index(self.policy), self.brgemm_supported,
+            self.max_chunk_tokens)
 
     def _run(self, x, topk_weights, topk_ids, data, out) -> None:
         op, constants = self._fused_moe
@@ -134,7 +144,9 @@ class CpuBrgemmKernel(MoEKernel):
             check_expert_map(expert_map, spec)
         rows = self._planner_ops.route_plan(topk_ids.cpu(), None if expert_map is None else expert_map.cpu(),
                                    spec.local_experts, POLICIES.index(self.policy),
-                                   self.brgemm_supported).tolist()
+                                   self.brgemm_supported, self.max_chunk_tokens).tolist()
         blocks = [BlockPlan(e, s, m, n, PATH_NAMES[p1], PATH_NAMES[p2]) for e, s, m, n, p1, p2 in rows]
-        return MoEPlan(self.policy, self.isa, self.brgemm_supported, int(topk_ids.shape[0]),
-                       sum(b.m_size for b in blocks), blocks, assumed)
+        tokens = int(topk_ids.shape[0])
+        passes = max(1, -(-tokens // self.max_chunk_tokens))
+        return MoEPlan(self.policy, self.isa, self.brgemm_supported, tokens,
+                       sum(b.m_size for b in blocks), blocks, assumed, passes)

@@ -13,7 +13,7 @@ PATH_NAMES = ("tiny", "brgemm")  # C++ Path enum order
 @attrs.frozen
 class BlockPlan:
     expert: int  # local expert id
-    start: int  # first row of the block in the sorted (compact) caches
+    start: int  # first row of the block in its pass's sorted (compact) caches
     m_size: int  # routes in the block, 1..BLOCK_M
     n_size: int  # output columns per panel
     stage1: str  # "brgemm" | "tiny" for x @ W13
@@ -27,8 +27,9 @@ class MoEPlan:
     brgemm_supported: bool
     tokens: int
     local_routes: int
-    blocks: tuple = attrs.field(converter=tuple)  # of BlockPlan, sorted by expert
+    blocks: tuple = attrs.field(converter=tuple)  # of BlockPlan, by pass, within one sorted by expert
     assumed_expert_map: bool = False  # EP without a map: this rank taken as experts [0, n_local)
+    passes: int = 1  # equal token chunks the call runs in, to keep its scratch under the cap
 
     def path_counts(self) -> dict:
         """(stage1, stage2) path -> number of blocks."""
@@ -39,7 +40,8 @@ class MoEPlan:
         brgemm = sum(b.stage1 == "brgemm" for b in self.blocks)
         head = (f"cpu_brgemm plan: policy={self.policy}, TinyGEMM {self.isa}, BRGEMM "
                 f"{'available (AMX)' if self.brgemm_supported else 'not available'}; "
-                f"{self.tokens} tokens, {self.local_routes} local routes in {len(self.blocks)} "
+                f"{self.tokens} tokens" + (f" in {self.passes} passes" if self.passes > 1 else "")
+                + f", {self.local_routes} local routes in {len(self.blocks)} "
                 f"blocks over {experts} experts: {brgemm} on BRGEMM, {len(self.blocks) - brgemm} "
                 "on TinyGEMM (both stages)"
                 + ("; no expert_map given: local experts assumed to be global ids [0, n_local)"

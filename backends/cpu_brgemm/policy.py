@@ -47,6 +47,12 @@ SPINS_BEFORE_YIELD = 1 << 14
 # prefetches (into L2) this much of each weight stream it is about to read before it starts.
 PREFETCH_BYTES = 4096
 
+# Bytes of compact caches (gathered activations, intermediate, fp32 output rows: top_k x (6H + 2I)
+# per token) one call keeps; a larger call runs in equal token chunks under it. 512 MiB keeps a
+# 4800-token qwen3-30b-a3b call in one pass (full expert blocks, weights read once) and caps a
+# 64k-token prefill at 0.5 GB instead of 7 GB.
+SCRATCH_CAP_BYTES = 512 << 20
+
 # Dispatch policies, numbered as the C++ Policy enum.
 POLICIES = ("per_block", "global", "tiny", "brgemm")
 DEFAULT_POLICY = "per_block"

@@ -23,10 +23,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "moe_routing.h"
+#include "moe_scratch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include "moe_isa_avx512bf16.h"
@@ -46,29 +48,7 @@ namespace {
 // Same numbering as backends/cpu_brgemm/policy.py.
 enum class Format : int64_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2 };
 
-constexpr int64_t kAlign = 64;  // bytes: one cache line, and a whole zmm
 constexpr int64_t kPrefetchAheadBytes = MOE_PREFETCH_BYTES;
-
-// Scratch that grows and is kept: the buffers below are thread_local, so a thread (the caller's,
-// or an OpenMP worker) reuses its pages call after call. Allocating them per call made fresh
-// mappings at prefill sizes (hundreds of MB for the compact caches), paid for in page faults and
-// the kernel's zeroing on every call.
-template <typename T>
-struct AlignedBuffer {
-  std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
-  size_t capacity = 0;  // elements
-  T* ensure(int64_t count) {
-    if (static_cast<size_t>(count) > capacity) {
-      const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-      data.reset();
-      data.reset(static_cast<T*>(std::aligned_alloc(kAlign, bytes)));
-      TORCH_CHECK(data, "cpu_brgemm: could not allocate ", bytes, " bytes of scratch");
-      capacity = bytes / sizeof(T);
-    }
-    return data.get();
-  }
-  T* get() const { return data.get(); }
-};
 
 // One packed weight tensor: [E][panels][panel bytes] with its scales.
 struct PackedWeight {
@@ -177,14 +157,85 @@ std::vector<Item> make_items(const std::vector<Run>& runs, const std::vector<uin
   return sorted;
 }
 
-// Per-thread scratch of the GEMM stages: output tiles of a panel group and the group's panels
-// dequantized to bf16 (gate and up when gated). Kept across calls (thread_local) and grown to the
-// largest group seen.
+// Scratch of one worker of a call's parallel region: output tiles of a panel group, the group's
+// panels dequantized to bf16 (gate and up when gated), TinyGEMM's buffers and a reduce row. Its
+// size follows the layer's widths and the panel group, never the token count.
 struct ThreadScratch {
   AlignedBuffer<float> c0, c1;
   AlignedBuffer<uint16_t> dq0, dq1;
+  isa::TinyScratch tiny;
+  AlignedBuffer<float> acc;
   bool used_brgemm = false;
 };
+
+// What one calling thread's calls keep between calls: the compact caches, which a call's token
+// chunks hold under the scratch cap, and one ThreadScratch per worker of its parallel regions (by
+// at::get_thread_num()). Kept, because fresh prefill-size mappings are new pages, faulted and
+// zeroed on every call; registered process-wide, so release_scratch hands it back from any thread.
+// A call holds `in_use` throughout, so a release never frees a running call's buffers.
+struct CallScratch {
+  std::mutex in_use;
+  AlignedBuffer<uint8_t> caches;
+  std::vector<std::unique_ptr<ThreadScratch>> workers;
+
+  void ensure_workers(int64_t threads) {
+    while (static_cast<int64_t>(workers.size()) < threads) workers.push_back(std::make_unique<ThreadScratch>());
+  }
+  // A region runs at most `threads` workers; a call made inside another parallel region runs its
+  // own inline on one thread, whatever number that thread has.
+  ThreadScratch& worker(int64_t tid) {
+    return *workers[std::min<size_t>(static_cast<size_t>(tid), workers.size() - 1)];
+  }
+  void release() {
+    caches.release();
+    workers.clear();
+  }
+};
+
+struct ScratchRegistry {
+  std::mutex lock;
+  std::vector<CallScratch*> all;
+};
+
+// Never destroyed: a thread's scratch may unregister after static destruction has begun.
+ScratchRegistry& scratch_registry() {
+  static ScratchRegistry* registry = new ScratchRegistry;
+  return *registry;
+}
+
+// The calling thread's scratch, registered for as long as the thread lives.
+CallScratch& this_thread_scratch() {
+  struct Registered {
+    CallScratch scratch;
+    Registered() {
+      ScratchRegistry& r = scratch_registry();
+      std::lock_guard<std::mutex> guard(r.lock);
+      r.all.push_back(&scratch);
+    }
+    ~Registered() {
+      ScratchRegistry& r = scratch_registry();
+      std::lock_guard<std::mutex> guard(r.lock);
+      r.all.erase(std::find(r.all.begin(), r.all.end(), &scratch));
+    }
+  };
+  thread_local Registered registered;
+  return registered.scratch;
+}
+
+// Frees the scratch of every thread's calls but those running now; returns the bytes still held.
+int64_t release_scratch() {
+  ScratchRegistry& r = scratch_registry();
+  {
+    std::lock_guard<std::mutex> guard(r.lock);
+    for (CallScratch* scratch : r.all) {
+      std::unique_lock<std::mutex> idle(scratch->in_use, std::try_to_lock);
+      if (idle.owns_lock()) scratch->release();
+    }
+  }
+  return g_scratch_bytes.load(std::memory_order_relaxed);
+}
+
+int64_t scratch_bytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
 
 // Prefetches the first PREFETCH_BYTES of a panel into L2, so an item's weight stream is already in
 // flight when its first K pair row is decoded: the micro-kernels' own prefetch runs that far ahead
@@ -280,20 +331,20 @@ struct Stage {
         const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
         for (int64_t q = 0; q < item.num_panels; ++q) {
           isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{s.dq0.get() + q * panel_elems}, kpairs,
-                         c0 + q * kBlockN, ldc);
+                         c0 + q * kBlockN, ldc, s.tiny);
           if (two) {
             isa::tiny_gemm(au, k, blk.rows, isa::Bf16Panel{s.dq1.get() + q * panel_elems}, kpairs,
-                           c1 + q * kBlockN, ldc);
+                           c1 + q * kBlockN, ldc, s.tiny);
           }
         }
       } else {
         const uint16_t* au = reinterpret_cast<const uint16_t*>(ab);
         for (int64_t q = 0; q < item.num_panels; ++q) {
           const int64_t p = item.first_panel + q;
-          isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p), kpairs, c0 + q * kBlockN, ldc);
+          isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p), kpairs, c0 + q * kBlockN, ldc, s.tiny);
           if (two) {
             isa::tiny_gemm(au, k, blk.rows, make_panel<Panel>(pw, e, p + second_offset), kpairs,
-                           c1 + q * kBlockN, ldc);
+                           c1 + q * kBlockN, ldc, s.tiny);
           }
         }
       }
@@ -368,7 +419,7 @@ template <class Panel>
 void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
              const at::Tensor& x, const PackedWeight& pw13, const PackedWeight& pw2,
              const float* b13, const float* b2, at::Tensor& out, int64_t topk, int64_t inter,
-             int64_t local_experts, Activation act, float alpha, float limit) {
+             int64_t local_experts, Activation act, float alpha, float limit, CallScratch& scratch) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
   const int64_t threads = at::get_num_threads();
@@ -380,8 +431,7 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
   // ic2 fp32 [routes, H].
   auto lines = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
   const int64_t xs_bytes = lines(rt.routes * hidden * 2), ic1_bytes = lines(rt.routes * inter * 2);
-  thread_local AlignedBuffer<uint8_t> caches;
-  uint8_t* base = caches.ensure(xs_bytes + ic1_bytes + rt.routes * hidden * 4);
+  uint8_t* base = scratch.caches.ensure(xs_bytes + ic1_bytes + rt.routes * hidden * 4);
   at::BFloat16* xsp = reinterpret_cast<at::BFloat16*>(base);
   at::BFloat16* ic1p = reinterpret_cast<at::BFloat16*>(base + xs_bytes);
   float* ic2p = reinterpret_cast<float*>(base + xs_bytes + ic1_bytes);
@@ -394,11 +444,10 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
                   hidden * sizeof(at::BFloat16));
     }
   };
-  auto reduce = [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> acc;
-    acc.resize(hidden);
+  auto reduce = [&](int64_t begin, int64_t end, ThreadScratch& s) {
+    float* acc = s.acc.ensure(hidden);
     for (int64_t t = begin; t < end; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(acc, acc + hidden, 0.f);
       for (int64_t j = 0; j < topk; ++j) {
         const int32_t pos = rt.pos_of_route[t * topk + j];
         if (pos < 0) continue;
@@ -439,9 +488,10 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
   for (int64_t e = 0; e < local_experts; ++e) done1_of[e].store(0, std::memory_order_relaxed);
   std::atomic<int64_t> next{0}, gathered{0}, done2{0};
   std::atomic<bool> failed{false};
+  scratch.ensure_workers(threads);
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    thread_local ThreadScratch scratch;
-    scratch.used_brgemm = false;
+    ThreadScratch& worker = scratch.worker(at::get_thread_num());
+    worker.used_brgemm = false;
     try {
       for (int64_t i = next++; i < end3; i = next++) {
         if (i < end0) {
@@ -451,19 +501,19 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
           const Item& item = s1.items[i - end0];
           s1.prefetch_start(item);
           if (!wait_for(gathered, gather_chunks, failed)) break;
-          s1.run(item, scratch);
+          s1.run(item, worker);
           done1_of[s1.expert_of(item)].fetch_add(1, std::memory_order_release);
         } else if (i < end2) {
           const Item& item = s2.items[i - end1];
           s2.prefetch_start(item);
           const int32_t e = s2.expert_of(item);
           if (!wait_for(done1_of[e], items1_of[e], failed)) break;
-          s2.run(item, scratch);
+          s2.run(item, worker);
           done2.fetch_add(1, std::memory_order_release);
         } else {
           const int64_t c = i - end2;
           if (!wait_for(done2, n2, failed)) break;
-          reduce(c * reduce_tokens, std::min(tokens, (c + 1) * reduce_tokens));
+          reduce(c * reduce_tokens, std::min(tokens, (c + 1) * reduce_tokens), worker);
         }
       }
     } catch (...) {
@@ -472,7 +522,7 @@ void run_moe(const Routing& rt, const std::vector<uint8_t>& brgemm_block,
     }
 #if HAL_MOE_ISA_HAS_BRGEMM
     // Once per thread, and only when this thread configured AMX tiles (or oneDNN state) at all.
-    if (scratch.used_brgemm) at::native::cpublas::brgemm_release();
+    if (worker.used_brgemm) at::native::cpublas::brgemm_release();
 #endif
   });
 }
@@ -519,7 +569,8 @@ void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Te
                const at::Tensor& w13_scale, const at::Tensor& w2, const at::Tensor& w2_scale,
                const c10::optional<at::Tensor>& b13, const c10::optional<at::Tensor>& b2,
                at::Tensor& out, int64_t weight_format, int64_t activation, double swiglu_alpha,
-               double swiglu_limit, int64_t policy, bool brgemm_supported) {
+               double swiglu_limit, int64_t policy, bool brgemm_supported, int64_t max_chunk_tokens) {
+  TORCH_CHECK(max_chunk_tokens > 0, "cpu_brgemm: max_chunk_tokens must be positive");
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16, "cpu_brgemm: x must be contiguous bf16");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes() && out.scalar_type() == at::kBFloat16,
               "cpu_brgemm: out must be contiguous bf16 like x");
@@ -547,49 +598,86 @@ void fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Te
                              ? topk_weights
                              : topk_weights.to(at::kFloat).contiguous();
   const at::Tensor ids = topk_ids.is_contiguous() ? topk_ids : topk_ids.contiguous();
-  const Routing rt = route_tensors(ids, wts, expert_map, local_experts);
-  if (rt.routes == 0) {
-    out.zero_();
-    return;
-  }
-  const std::vector<uint8_t> paths =
-      block_paths(rt, static_cast<Policy>(policy), brgemm_supported, tokens, topk, local_experts);
+  TORCH_CHECK(wts.numel() == ids.numel(), "cpu_brgemm: topk_weights must have one weight per topk id");
   const float* b13p = b13.has_value() ? b13->data_ptr<float>() : nullptr;
   const float* b2p = b2.has_value() ? b2->data_ptr<float>() : nullptr;
   const float alpha = static_cast<float>(swiglu_alpha);
   const float limit = static_cast<float>(swiglu_limit);
-  switch (format) {
-    case Format::kBf16:
-      run_moe<isa::Bf16Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
-      break;
-    case Format::kFp8Block128:
-      run_moe<isa::Fp8Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
-      break;
-    case Format::kMxfp4:
-      run_moe<isa::Mxfp4Panel>(rt, paths, x, pw13, pw2, b13p, b2p, out, topk, intermediate, local_experts, act, alpha, limit);
-      break;
-    default:
-      TORCH_CHECK(false, "cpu_brgemm: unknown weight_format code ", weight_format);
+  CallScratch& scratch = this_thread_scratch();
+  std::lock_guard<std::mutex> in_use(scratch.in_use);
+  // One pass over a chunk of tokens: routing, both stages and the reduce, as a call of these
+  // tokens alone would run them.
+  auto pass = [&](const at::Tensor& xc, const at::Tensor& wc, const at::Tensor& ic, at::Tensor& oc) {
+    const Routing rt = route_tensors(ic, wc, expert_map, local_experts);
+    if (rt.routes == 0) {
+      oc.zero_();
+      return;
+    }
+    const std::vector<uint8_t> paths =
+        block_paths(rt, static_cast<Policy>(policy), brgemm_supported, xc.size(0), topk, local_experts);
+    switch (format) {
+      case Format::kBf16:
+        run_moe<isa::Bf16Panel>(rt, paths, xc, pw13, pw2, b13p, b2p, oc, topk, intermediate, local_experts, act,
+                                alpha, limit, scratch);
+        break;
+      case Format::kFp8Block128:
+        run_moe<isa::Fp8Panel>(rt, paths, xc, pw13, pw2, b13p, b2p, oc, topk, intermediate, local_experts, act,
+                               alpha, limit, scratch);
+        break;
+      case Format::kMxfp4:
+        run_moe<isa::Mxfp4Panel>(rt, paths, xc, pw13, pw2, b13p, b2p, oc, topk, intermediate, local_experts, act,
+                                 alpha, limit, scratch);
+        break;
+      default:
+        TORCH_CHECK(false, "cpu_brgemm: unknown weight_format code ", weight_format);
+    }
+  };
+  const int64_t chunk = chunk_tokens(tokens, max_chunk_tokens);
+  if (chunk >= tokens) {
+    pass(x, wts, ids, out);
+    return;
+  }
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t n = std::min(chunk, tokens - t0);
+    at::Tensor oc = out.narrow(0, t0, n);
+    pass(x.narrow(0, t0, n), wts.view({tokens, topk}).narrow(0, t0, n), ids.narrow(0, t0, n), oc);
   }
 }
 
-// The per-call decision without running: one row per expert block,
-// (local expert, first sorted position, m_size, n_size, stage-1 path, stage-2 path).
+// The per-call decision without running: one row per expert block, chunk by chunk as fused_moe
+// runs them, (local expert, first sorted position in its chunk, m_size, n_size, stage-1 path,
+// stage-2 path).
 at::Tensor route_plan(const at::Tensor& topk_ids, const c10::optional<at::Tensor>& expert_map,
-                      int64_t local_experts, int64_t policy, bool brgemm_supported) {
+                      int64_t local_experts, int64_t policy, bool brgemm_supported, int64_t max_chunk_tokens) {
+  TORCH_CHECK(max_chunk_tokens > 0, "cpu_brgemm: max_chunk_tokens must be positive");
   const at::Tensor ids = topk_ids.contiguous();
   const at::Tensor ones = at::ones(ids.sizes(), ids.options().dtype(at::kFloat));
-  const Routing rt = route_tensors(ids, ones, expert_map, local_experts);
-  const std::vector<uint8_t> paths = block_paths(rt, static_cast<Policy>(policy), brgemm_supported,
-                                                 ids.size(0), ids.size(1), local_experts);
-  at::Tensor plan = at::empty({static_cast<int64_t>(rt.blocks.size()), 6}, ids.options().dtype(at::kInt));
-  int32_t* p = plan.data_ptr<int32_t>();
-  for (size_t b = 0; b < rt.blocks.size(); ++b) {
-    const Block& blk = rt.blocks[b];
-    const int32_t row[6] = {blk.expert, blk.start, blk.rows, static_cast<int32_t>(kBlockN), paths[b], paths[b]};
-    std::memcpy(p + b * 6, row, sizeof(row));
+  const int64_t tokens = ids.size(0);
+  const int64_t chunk = chunk_tokens(tokens, max_chunk_tokens);
+  std::vector<int32_t> rows;
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t n = std::min(chunk, tokens - t0);
+    const Routing rt = route_tensors(ids.narrow(0, t0, n), ones.narrow(0, t0, n), expert_map, local_experts);
+    const std::vector<uint8_t> paths =
+        block_paths(rt, static_cast<Policy>(policy), brgemm_supported, n, ids.size(1), local_experts);
+    for (size_t b = 0; b < rt.blocks.size(); ++b) {
+      const Block& blk = rt.blocks[b];
+      rows.insert(rows.end(), {blk.expert, blk.start, blk.rows, static_cast<int32_t>(kBlockN), paths[b], paths[b]});
+    }
   }
+  at::Tensor plan = at::empty({static_cast<int64_t>(rows.size() / 6), 6}, ids.options().dtype(at::kInt));
+  std::memcpy(plan.data_ptr<int32_t>(), rows.data(), rows.size() * sizeof(int32_t));
   return plan;
+}
+
+// The fp8 decoders' values at block scale 1 (isa::decode_fp8) for a uint8 tensor of whole 64-byte
+// K pair rows, in its order: tests hold every encoding to torch's float8_e4m3fn conversion.
+at::Tensor decode_fp8(const at::Tensor& packed, bool dequantize) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() % 64 == 0,
+              "cpu_brgemm: packed must be contiguous uint8 of whole 64-byte K pair rows");
+  at::Tensor out = at::empty({packed.numel()}, packed.options().dtype(at::kFloat));
+  isa::decode_fp8(packed.data_ptr<uint8_t>(), packed.numel() / 64, dequantize, out.data_ptr<float>());
+  return out;
 }
 
 // Whether the installed torch packs bf16 B for BRGEMM, which it does where oneDNN uses AMX.
@@ -604,11 +692,14 @@ TORCH_LIBRARY(HAL_OP_NAMESPACE, m) {
   m.def("fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, Tensor w13, "
         "Tensor w13_scale, Tensor w2, Tensor w2_scale, Tensor? b13, Tensor? b2, Tensor(a!) out, "
         "int weight_format, int activation, float swiglu_alpha, float swiglu_limit, int policy, "
-        "bool brgemm_supported) -> ()",
+        "bool brgemm_supported, int max_chunk_tokens) -> ()",
         &hal_moe::fused_moe);
   m.def("route_plan(Tensor topk_ids, Tensor? expert_map, int local_experts, int policy, "
-        "bool brgemm_supported) -> Tensor",
+        "bool brgemm_supported, int max_chunk_tokens) -> Tensor",
         &hal_moe::route_plan);
+  m.def("release_scratch() -> int", &hal_moe::release_scratch);
+  m.def("scratch_bytes() -> int", &hal_moe::scratch_bytes);
+  m.def("decode_fp8(Tensor packed, bool dequantize) -> Tensor", &hal_moe::decode_fp8);
   m.def("brgemm_packs_bf16() -> bool", &hal_moe::brgemm_packs_bf16);
   m.def("isa_name() -> str", &hal_moe::isa_name);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moe_activation.h"
+#include "moe_scratch.h"
 
 // No bf16 conversion instructions here, and oneDNN's bf16 BRGEMM ukernel needs AVX-512: this ISA
 // runs every block on TinyGEMM, and the forced 'brgemm' policy is refused for it.
@@ -42,14 +43,20 @@ struct Bf16Panel {
   }
 };
 
-// fp16 bits from the byte b in the high half of a 16-bit lane: an arithmetic shift by one puts the
-// 7 magnitude bits into fp16's exponent/mantissa fields and copies the sign into bit 14, which the
-// mask clears. The fp16 reads the e4m3 value times 2^-8 (the bias difference, folded back into the
-// block scale), and F16C's convert takes fp16 subnormals exactly: zero and e4m3 subnormals decode
-// exactly.
-inline __m256 e4m3_high_bytes_to_fp32(__m128i high_bytes) {
-  const __m128i h = _mm_and_si128(_mm_srai_epi16(high_bytes, 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
-  return _mm256_cvtph_ps(h);
+// 16 e4m3 bytes -> the two halves of an octet, each value as fp32 times 2^-8 (the bias difference,
+// folded back into the block scale). The sign-extended byte shifted left by 7 puts the 7 magnitude
+// bits into fp16's exponent/mantissa fields and the sign into bits 15 and 14; bit 14 is then
+// replaced by the carry of adding 1 to the magnitude, set for 0x7f only, which makes NaN fp16
+// 0x7f80 (torch's float8_e4m3fn -> float NaN bits once widened) where 480 would be. F16C's convert
+// takes fp16 subnormals exactly: zero and e4m3 subnormals decode exactly. Widening the 16 bytes in
+// one register pays for the NaN's two instructions: eight per 16 weights, as many as two unpacks,
+// shifts and masks took.
+inline Octet e4m3_to_fp32(__m128i bytes) {
+  const __m256i a = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+  // a ^ ((a + 0x80) & 0x4000): bit 14 of a xor bit 14 of a + 0x80 is the carry out of the magnitude
+  const __m256i h = _mm256_xor_si256(
+      a, _mm256_and_si256(_mm256_add_epi16(a, _mm256_set1_epi16(0x80)), _mm256_set1_epi16(0x4000)));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 
 // The block scale is one number per 128 K rows, so the kernel multiplies the broadcast activation
@@ -63,10 +70,7 @@ struct Fp8Panel {
   __m256 s;
   void begin_group(int64_t g) { s = _mm256_set1_ps(scale[g] * kBiasFix); }
   Octet octet(int64_t kp, int o) const {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + kp * 64 + o * 16));
-    const __m128i zero = _mm_setzero_si128();
-    return {e4m3_high_bytes_to_fp32(_mm_unpacklo_epi8(zero, b)),
-            e4m3_high_bytes_to_fp32(_mm_unpackhi_epi8(zero, b))};
+    return e4m3_to_fp32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + kp * 64 + o * 16)));
   }
 };
 
@@ -197,16 +201,21 @@ inline void tiny_tiles(const float* af, int64_t k, int64_t rows, const Panel& pa
   }
 }
 
+// tiny_gemm's buffers, kept per thread: the block's activations in fp32, and the panel decoded to
+// fp32 for a block of more rows than one tile.
+struct TinyScratch {
+  AlignedBuffer<float> activations;
+  AlignedBuffer<float> decoded;
+};
+
 // c[rows][32] (row stride ldc) = a[rows][K] x panel. A block of more than one tile of rows decodes
 // the panel to fp32 once and runs every tile from that.
 template <class Panel>
 inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel& panel,
-                      int64_t kpairs, float* c, int64_t ldc) {
+                      int64_t kpairs, float* c, int64_t ldc, TinyScratch& scratch) {
   // The block's activations to fp32 once per call: every octet and row tile reads them again.
-  thread_local std::vector<float> af;
   const int64_t k = 2 * kpairs;
-  af.resize(static_cast<size_t>(rows * k));
-  float* const afp = af.data();
+  float* const afp = scratch.activations.ensure(rows * k);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < k; i += 8) {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + r * lda + i));
@@ -218,10 +227,31 @@ inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel&
     tiny_tiles(afp, k, rows, panel, kpairs, c, ldc);
     return;
   }
-  thread_local std::vector<float> decoded;
-  decoded.resize(static_cast<size_t>(kpairs * 64));
-  decode_panel_f32(panel, kpairs, decoded.data());
-  tiny_tiles(afp, k, rows, F32Panel{decoded.data()}, kpairs, c, ldc);
+  float* const decoded = scratch.decoded.ensure(kpairs * 64);
+  decode_panel_f32(panel, kpairs, decoded);
+  tiny_tiles(afp, k, rows, F32Panel{decoded}, kpairs, c, ldc);
+}
+
+// The fp8 decoder's values at block scale 1, in the packed order: in registers as TinyGEMM reads
+// them (times the 2^8 the kernel folds into the activations' scale), or decoded once for a large
+// block. Tests hold them to torch.
+inline void decode_fp8(const uint8_t* w, int64_t kpairs, bool dequantize, float* out) {
+  const std::vector<float> ones(static_cast<size_t>((kpairs + Fp8Panel::kGroupPairs - 1) / Fp8Panel::kGroupPairs), 1.f);
+  Fp8Panel panel{};
+  panel.w = w;
+  panel.scale = ones.data();
+  if (dequantize) {
+    decode_panel_f32(panel, kpairs, out);
+    return;
+  }
+  const __m256 bias_fix = _mm256_set1_ps(Fp8Panel::kBiasFix);
+  for (int64_t kp = 0; kp < kpairs; ++kp) {
+    for (int o = 0; o < 4; ++o) {
+      const Octet b = panel.octet(kp, o);
+      _mm256_storeu_ps(out + kp * 64 + o * 16, _mm256_mul_ps(b.lo, bias_fix));
+      _mm256_storeu_ps(out + kp * 64 + o * 16 + 8, _mm256_mul_ps(b.hi, bias_fix));
+    }
+  }
 }
 
 // Stage 1's activation per element: without a vector exp here, the scalar form is the fast one.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moe_activation.h"
+#include "moe_scratch.h"
 
 #define HAL_MOE_ISA_HAS_BRGEMM 1
 
@@ -45,9 +46,12 @@ struct Bf16Panel {
 // e4m3fn -> bf16 as bits, times 2^8 (folded back into the block scale): the sign-extended byte
 // shifted left by 4 puts the 7 magnitude bits into bf16's low exponent and high mantissa bits, and
 // one set exponent bit rebiases them (4-bit exponent e -> e + 128 = (e - 7) + 127 + 8), exact for
-// every normal value. Zero and the 7 subnormal magnitudes (m x 2^-9, times 2^8 = m / 2) have no
-// implicit leading one and come from a table; the sign goes on last. Six instructions per 32
-// weights, three of them on the shuffle port.
+// every normal value. Zero, the 7 subnormal magnitudes (m x 2^-9, times 2^8 = m / 2) and NaN
+// (magnitude 0x7f, which the formula would read as 480) come from a table indexed by the
+// magnitude plus one: NaN carries out of the 7 bits to index 0, zero and the subnormals take 1-8,
+// and the rest of exponent 1 (9-15, as the formula gives them) shares the index range; the sign
+// goes on last. NaN decodes to torch's float8_e4m3fn -> float bits (0x7ff00000 and its sign).
+// Seven instructions per 32 weights, three of them on the shuffle port.
 struct Fp8Panel {
   static constexpr bool kScaled = true;
   static constexpr int64_t kGroupPairs = 64;  // 128 K rows share one block scale
@@ -59,17 +63,19 @@ struct Fp8Panel {
   void begin_group(int64_t g) { s = _mm512_set1_ps(scale[g] * (1.f / 256.f)); }
   __m512 column_scale(int) const { return s; }
   __m512i row(int64_t kp, int half) const {
-    const __m512i subnormals = _mm512_set_epi16(
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        0x4060, 0x4040, 0x4020, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+    const __m512i table = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0x40e0, 0x40d0, 0x40c0, 0x40b0, 0x40a0, 0x4090, 0x4080,
+        0x4060, 0x4040, 0x4020, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0, 0x7ff0);
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 64 + half * 32));
     const __m512i x = _mm512_cvtepi8_epi16(bytes);
     // (x << 4) & 0x07f0 | 0x4000: magnitude under the rebiasing exponent bit
     const __m512i normal = _mm512_ternarylogic_epi32(_mm512_slli_epi16(x, 4), _mm512_set1_epi16(0x07f0),
                                                      _mm512_set1_epi16(0x4000), 0xEA);
-    // Exponent field zero: the low 5 index bits are then the 3 mantissa bits and two zero bits.
-    const __mmask32 tiny = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
-    const __m512i v = _mm512_mask_permutexvar_epi16(normal, tiny, x, subnormals);
+    // Magnitude + 1 with bits 4-6 clear: magnitudes 0-14 (exponent 0 or 1) and 0x7f (NaN).
+    const __m512i index = _mm512_add_epi16(x, _mm512_set1_epi16(1));
+    const __mmask32 from_table = _mm512_testn_epi16_mask(index, _mm512_set1_epi16(0x70));
+    const __m512i v = _mm512_mask_permutexvar_epi16(normal, from_table, index, table);
     // v | (x & 0x8000): the sign
     return _mm512_ternarylogic_epi32(v, x, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);
   }
@@ -223,7 +229,10 @@ inline void dequant_panel(Panel panel, int64_t kpairs, uint16_t* out) {
 // exponent fields make an fp16 of the value times 2^-8, exact for every encoding (fp16 subnormals
 // cover e4m3's), which vcvtph2ps widens exactly; one multiply by scale x 2^8 and vcvtne2ps2bf16's
 // round to nearest even give what the generic path gives (the same fp32 product, rounded once),
-// in half the instructions. Each 16-value half converts in place, so the VNNI order is kept.
+// in half the instructions. Bit 14 (fp16's top exponent bit, a copy of the sign after the shift)
+// becomes the NaN flag: adding 1 to the magnitude carries into it exactly for 0x7f, so NaN is fp16
+// 0x7f80, which widens to torch's NaN bits and stays them through the multiply and the rounding.
+// Each 16-value half converts in place, so the VNNI order is kept.
 inline void dequant_panel(const Fp8Panel& panel, int64_t kpairs, uint16_t* out) {
   for (int64_t g0 = 0; g0 < kpairs; g0 += Fp8Panel::kGroupPairs) {
     const __m512 s = _mm512_set1_ps(panel.scale[g0 / Fp8Panel::kGroupPairs] * 256.f);
@@ -233,9 +242,11 @@ inline void dequant_panel(const Fp8Panel& panel, int64_t kpairs, uint16_t* out) 
       for (int half = 0; half < 2; ++half) {
         const __m256i bytes =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel.w + kp * 64 + half * 32));
-        // (x << 7) & 0xbf80 of the sign-extended byte: sign, then the magnitude under bit 14 = 0
-        const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
-                                           _mm512_set1_epi16(static_cast<int16_t>(0xbf80)));
+        // a = x << 7 of the sign-extended byte: sign in bits 15 and 14, the magnitude in 7-13.
+        // a ^ ((a + 0x80) & 0x4000): bit 14 is then the carry out of the magnitude, set for NaN only.
+        const __m512i a = _mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7);
+        const __m512i h = _mm512_ternarylogic_epi32(a, _mm512_add_epi16(a, _mm512_set1_epi16(0x80)),
+                                                    _mm512_set1_epi16(0x4000), 0x78);
         const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
         const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
         _mm512_storeu_si512(out + kp * 64 + half * 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
@@ -284,20 +295,48 @@ inline void dequant_panel(const Mxfp4Panel& panel, int64_t kpairs, uint16_t* out
   }
 }
 
+// tiny_gemm's panel dequantized once for a block of more rows than one tile, kept per thread.
+struct TinyScratch {
+  AlignedBuffer<uint16_t> decoded;
+};
+
 // c[rows][32] (row stride ldc) = a[rows][K] x panel. Up to one tile of rows decodes the weights in
 // registers; a larger block dequantizes the panel to bf16 once (as BRGEMM would) and runs every
 // tile from that.
 template <class Panel>
 inline void tiny_gemm(const uint16_t* a, int64_t lda, int64_t rows, const Panel& panel,
-                      int64_t kpairs, float* c, int64_t ldc) {
+                      int64_t kpairs, float* c, int64_t ldc, TinyScratch& scratch) {
   if (rows <= kMaxTileRows || !Panel::kScaled) {  // a bf16 panel is read as it is
     tiny_tiles(a, lda, rows, panel, kpairs, c, ldc);
     return;
   }
-  thread_local std::vector<uint16_t> decoded;
-  decoded.resize(static_cast<size_t>(kpairs * 64));
-  dequant_panel(panel, kpairs, decoded.data());
-  tiny_tiles(a, lda, rows, Bf16Panel{decoded.data()}, kpairs, c, ldc);
+  uint16_t* decoded = scratch.decoded.ensure(kpairs * 64);
+  dequant_panel(panel, kpairs, decoded);
+  tiny_tiles(a, lda, rows, Bf16Panel{decoded}, kpairs, c, ldc);
+}
+
+// The fp8 decoders' values at block scale 1, in the packed order: the in-register decoder of
+// TinyGEMM, or the panel dequantization of BRGEMM and large blocks. Tests hold them to torch.
+inline void decode_fp8(const uint8_t* w, int64_t kpairs, bool dequantize, float* out) {
+  const std::vector<float> ones(static_cast<size_t>((kpairs + Fp8Panel::kGroupPairs - 1) / Fp8Panel::kGroupPairs), 1.f);
+  Fp8Panel panel{};
+  panel.w = w;
+  panel.scale = ones.data();
+  std::vector<uint16_t> bf16(static_cast<size_t>(kpairs * 64));
+  if (dequantize) {
+    dequant_panel(panel, kpairs, bf16.data());
+  } else {
+    for (int64_t kp = 0; kp < kpairs; ++kp) {
+      for (int half = 0; half < 2; ++half) _mm512_storeu_si512(bf16.data() + kp * 64 + half * 32, panel.row(kp, half));
+    }
+  }
+  const float unscale = dequantize ? 1.f : 1.f / 256.f;  // the in-register values are times 2^8
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(bf16[i]) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof(f));
+    out[i] = f * unscale;
+  }
 }
 
 // e^x, 16 lanes: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to fp32), e^r

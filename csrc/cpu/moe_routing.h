@@ -78,6 +78,14 @@ inline bool can_use_brgemm(bool brgemm_supported, int64_t m_size, int64_t n_size
 
 // The layer-wide crossover, kept as the benchmark baseline: one answer for every block,
 // from the average routes per local expert.
+// Tokens per pass of a call: at most max_chunk_tokens, the call split into passes of equal size
+// (but the last), so no pass is a small remainder that re-reads the weights for a few tokens.
+inline int64_t chunk_tokens(int64_t tokens, int64_t max_chunk_tokens) {
+  if (tokens <= max_chunk_tokens) return tokens;
+  const int64_t chunks = (tokens + max_chunk_tokens - 1) / max_chunk_tokens;
+  return (tokens + chunks - 1) / chunks;
+}
+
 inline bool global_uses_brgemm(bool brgemm_supported, int64_t tokens, int64_t topk,
                                int64_t local_experts) {
   const int64_t avg_m = std::max<int64_t>(1, tokens * topk / local_experts);

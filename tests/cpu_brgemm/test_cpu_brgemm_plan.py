@@ -22,8 +22,9 @@ def _kernel():
 
 
 def _paths(ids, policy, supported, expert_map=None, local=None):
-    rows = _kernel().ops.route_plan(ids, expert_map, local or SPEC.local_experts,
-                                    POLICIES.index(policy), supported).tolist()
+    kernel = _kernel()
+    rows = kernel.ops.route_plan(ids, expert_map, local or SPEC.local_experts, POLICIES.index(policy),
+                                 supported, kernel.max_chunk_tokens).tolist()
     return [(e, m, n, ("tiny", "brgemm")[p1], ("tiny", "brgemm")[p2]) for e, _, m, n, p1, p2 in rows]
 
 
