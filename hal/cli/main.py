@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 
-from hal.cli import bench_cmd, build_cmd, probe_cmd, profiles_cmd, select_cmd
+from hal.cli import bench_cmd, build_cmd, cache_cmd, probe_cmd, profiles_cmd, select_cmd
 from hal.jit import BuildError
 
-COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd)
+COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd, cache_cmd)
 
 
 def parser() -> argparse.ArgumentParser:
