@@ -210,7 +210,7 @@ def _build_entry(name, key, what, tree, units, defines, cflags, cuda_cflags, cud
             print(f"[moe-hal] rebuilding {found.path}: {found.reason}", file=sys.stderr, flush=True)
         kernel_cache.remove_stale_staging(root, key)
         last = kernel_cache.last_build_seconds(root, name)
-        expect = (f"its last build here took {last:.0f} s" if last is not None else
+        expect = (f"the last build of {name} here took {last:.0f} s" if last is not None else
                   f"no earlier build of {name} here to time it by: a kernel takes minutes")
         print(f"[moe-hal] compiling {name} ({what}) in {found.path}; {expect}", file=sys.stderr, flush=True)
         started = time.monotonic()

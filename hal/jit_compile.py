@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hal.kernel_cache import BuildError
 
@@ -22,9 +23,13 @@ STOP_GRACE_S = 10.0  # how long ninja gets to stop its compiler jobs before the 
 
 def run(load_kwargs: dict, what: str) -> str:
     """Compile in a child process; its output, or a BuildError naming `what` with the output."""
+    # The child imports this very hal (whatever the working directory holds) and runs where
+    # ninja does.
+    here = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "hal.jit_compile"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, cwd=load_kwargs["build_directory"], env=env)
     try:
         output, _ = proc.communicate(json.dumps(load_kwargs))
     except BaseException:

@@ -109,8 +109,12 @@ def writable_cache_dir() -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
+        unreadable = root.is_dir() and not os.access(root, os.R_OK | os.X_OK)
+        hint = f"; this user cannot read it either (another user's build is shared by `chmod -R a+rX " \
+               f"{root}`)" if unreadable else ""
         raise CacheDirError(f"{_where(root)} is not a writable directory ({exc.strerror or exc}): moe-hal "
-                            f"compiles its kernels there; set {CACHE_ENV} to a writable directory") from None
+                            f"compiles its kernels there; set {CACHE_ENV} to a writable directory"
+                            f"{hint}") from None
     return root
 
 

@@ -64,8 +64,8 @@ def test_a_compile_says_what_it_builds_and_how_long_it_took_and_a_hit_says_nothi
     assert jit.build("selftest", [str(source)], defines={"HAL_TEST_K": 2}) == ns
     assert capfd.readouterr().err == ""
     jit.build("selftest", [str(source)], defines={"HAL_TEST_K": 3})  # estimated from the last one
-    assert re.search(r"compiling selftest \(HAL_TEST_K=3\) in .*; its last build here took \d+ s$",
-                     capfd.readouterr().err.splitlines()[0])
+    assert re.search(r"compiling selftest \(HAL_TEST_K=3\) in .*; the last build of selftest here "
+                     r"took \d+ s$", capfd.readouterr().err.splitlines()[0])
 
 
 def test_two_checkouts_share_one_build(tmp_path, source, cache, capfd):

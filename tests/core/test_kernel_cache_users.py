@@ -55,6 +55,10 @@ def test_a_read_only_cache_serves_its_builds_to_a_user_who_cannot_write_it(share
     rc, out, err = run_build(source, 2, cache, as_other=False)
     assert rc == 0, err
     ns = out.split()[0]
+    if os.geteuid() == 0:  # the cache is private to its builder until shared
+        rc, _, err = run_build(source, 2, cache, as_other=True)
+        assert rc != 0 and f"this user cannot read it either (another user's build is shared by " \
+            f"`chmod -R a+rX {cache}`)" in err
     subprocess.run(["chmod", "-R", "a+rX,a-w", str(cache)], check=True)
     try:
         rc, out, err = run_build(source, 2, cache, as_other=True)
