@@ -11,30 +11,42 @@ from, and moving the package never triggers a rebuild.
 
 Every build gets its own op namespace, passed to the C++ as HAL_OP_NAMESPACE, so several
 specializations of one source live side by side in a process (TORCH_LIBRARY refuses a namespace
-registered twice). Concurrent processes serialize on a file lock per key; the loser of the race
-finds the finished build and loads it."""
+registered twice). A finished, verified build is loaded without taking any lock or writing
+anything, so a read-only cache (an image's) serves the builds it holds. Otherwise concurrent
+processes serialize on a file lock per key; the loser of the race finds the finished build and
+loads it. What the cache trusts and checks is hal.kernel_cache's part."""
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
-import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Optional
 
+from hal import jit_compile, kernel_cache
+from hal.kernel_cache import (  # noqa: F401 (the errors and cache directory are this module's API)
+    CACHE_ENV,
+    BuildError,
+    CacheDirError,
+    UntrustedCacheError,
+    cache_dir,
+    usable_cache_dir,
+)
+
 SOURCE_PACKAGE = "hal.csrc"
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
-CACHE_ENV = "HAL_CACHE_DIR"
-DONE_MARKER = "complete"  # written after a build loaded once; a directory without it is rebuilt
+KEY_UNIT = "hal_build_key.cpp"  # compiled into every build: the library names its own key
+NINJA_SAFE_PATH = re.compile(r"[\w./+,=@%~-]+")  # torch writes the build directory into build.ninja unescaped
 
 # -fopenmp: ATen's at::parallel_for is an inline `#pragma omp parallel`; without the flag an
 # extension silently runs on one thread. The GOMP symbols resolve to the libgomp torch loads.
@@ -43,36 +55,6 @@ BASE_CUDA_CFLAGS = ("-O3", "-std=c++17")
 
 _loaded: dict = {}  # key -> namespace, for this process
 _process_lock = threading.Lock()
-
-
-class BuildError(RuntimeError):
-    """A kernel build failed; the message says why (the compiler's output, a missing toolchain)."""
-
-
-class CacheDirError(BuildError):
-    """The build cache directory cannot be created or written."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "moe-hal")
-
-
-def usable_cache_dir() -> Path:
-    """The cache directory, created if needed and proven writable; a CacheDirError naming
-    HAL_CACHE_DIR otherwise. Backends call it when they build a kernel object, so a bad cache
-    shows up at selection, not at the first call."""
-    root = cache_dir()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        where = f"{CACHE_ENV}={root}" if os.environ.get(CACHE_ENV) else \
-            f"the default kernel cache {root} ({CACHE_ENV} is not set)"
-        raise CacheDirError(f"{where} is not a writable directory ({exc.strerror or exc}): moe-hal "
-                            f"compiles its kernels there; set {CACHE_ENV} to a writable directory") from None
-    return root
 
 
 def source_root() -> Path:
@@ -169,44 +151,75 @@ def specialization_key(name: str, tree: Mapping[str, Path], defines: Mapping[str
     return f"{name}_{h.hexdigest()[:16]}"
 
 
-@contextmanager
-def _file_lock(path: Path):
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build(name: str, sources: Sequence[str], *, defines: Optional[Mapping[str, object]] = None,
           extra_cflags: Sequence[str] = (), extra_cuda_cflags: Sequence[str] = (),
           cuda: bool = False, verbose: bool = False) -> str:
     """Compile (or find in the cache) and load one specialization; return the op namespace it
-    registered (call its ops as getattr(torch.ops, namespace).op_name). A compile prints one line
-    to stderr; the compiler's own output appears only when it fails (or with verbose=True)."""
+    registered (call its ops as getattr(torch.ops, namespace).op_name). A compile prints what it
+    builds with a time estimate and, when done, how long it took (stderr); a process waiting on
+    another's build says so. The compiler's own output appears only when it fails (or with
+    verbose=True)."""
     defines = dict(defines or {})
     tree, units = _source_tree(sources)
     flags = [*BASE_CFLAGS, *extra_cflags, "||", *BASE_CUDA_CFLAGS, *extra_cuda_cflags]
     key = specialization_key(name, tree, defines, flags, cuda)
+    what = ", ".join(f"{k}={v}" for k, v in sorted(defines.items())) or "default"
     with _process_lock:
         if key in _loaded:
             return _loaded[key]
-        root = usable_cache_dir()
-        build_dir = root / key
-        define_flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-        define_flags.append(f"-DHAL_OP_NAMESPACE={key}")
-        with _file_lock(root / f"{key}.lock"):
-            if (build_dir / DONE_MARKER).exists():
-                _load_library(build_dir / f"{key}.so")
-            else:
-                what = ", ".join(f"{k}={v}" for k, v in sorted(defines.items())) or "default"
-                print(f"[moe-hal] compiling {name} ({what}) in {build_dir} ...", file=sys.stderr, flush=True)
-                _compile(key, tree, units, build_dir, define_flags, list(extra_cflags),
-                         list(extra_cuda_cflags), cuda, verbose)
-                (build_dir / DONE_MARKER).write_text("")
+        found = kernel_cache.inspect_entry(cache_dir(), key)
+        if found.status != "ok":
+            found = _build_entry(name, key, what, tree, units, defines, list(extra_cflags),
+                                 list(extra_cuda_cflags), cuda, verbose, found)
+        _load_library(found.library)
         _loaded[key] = key
         return key
+
+
+def _refuse_foreign(found: kernel_cache.EntryState) -> None:
+    if found.status == "foreign":
+        raise BuildError(f"the kernel cache entry {found.path} holds another build: {found.reason}; "
+                         f"remove {found.path} (`hal cache clear {found.path.name}`) to rebuild it")
+
+
+def _build_entry(name, key, what, tree, units, defines, cflags, cuda_cflags, cuda, verbose, found):
+    """Build the entry `key` under the cache's build lock (unless the lock's previous holder
+    built it); return its verified state."""
+    _refuse_foreign(found)
+    try:
+        root = kernel_cache.writable_cache_dir()
+    except CacheDirError:
+        if found.status == "missing":
+            raise
+        raise CacheDirError(f"the cached build {found.path} cannot be loaded ({found.reason}) and the "
+                            f"cache cannot be written to rebuild it: rebuild it where the cache is "
+                            f"writable (`hal build`), or set {CACHE_ENV} to a writable directory") from None
+
+    timeout = kernel_cache.lock_timeout()
+
+    def waiting(lock, holder):
+        print(f"[moe-hal] waiting for {holder}, which is building {name} ({what}); lock {lock}, "
+              f"given up after {timeout:g} s ({kernel_cache.LOCK_TIMEOUT_ENV})", file=sys.stderr, flush=True)
+
+    with kernel_cache.build_lock(root, key, timeout, waiting):
+        found = kernel_cache.inspect_entry(root, key)
+        _refuse_foreign(found)
+        if found.status == "ok":
+            return found
+        if found.status == "damaged":
+            print(f"[moe-hal] rebuilding {found.path}: {found.reason}", file=sys.stderr, flush=True)
+        kernel_cache.remove_stale_staging(root, key)
+        last = kernel_cache.last_build_seconds(root, name)
+        expect = (f"the last build of {name} here took {last:.0f} s" if last is not None else
+                  f"no earlier build of {name} here to time it by: a kernel takes minutes")
+        print(f"[moe-hal] compiling {name} ({what}) in {found.path}; {expect}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        _compile(root, key, name, what, tree, units, defines, cflags, cuda_cflags, cuda, verbose)
+        print(f"[moe-hal] compiled {name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        found = kernel_cache.inspect_entry(root, key)
+        if found.status != "ok":
+            raise BuildError(f"the build of {key} in {found.path} did not verify: {found.reason}")
+        return found
 
 
 def _load_library(path: Path) -> None:
@@ -219,31 +232,44 @@ def _load_library(path: Path) -> None:
                          "rebuild it") from None
 
 
-def _compile(key, tree, units, build_dir, define_flags, cflags, cuda_cflags, cuda, verbose):
-    """Copy the sources into the build directory and compile them there, so the build names no
-    path outside the cache. A directory left by an interrupted build is started afresh (it may
-    hold torch's stale build lock)."""
-    from torch.utils import cpp_extension
-
-    shutil.rmtree(build_dir, ignore_errors=True)
-    src = build_dir / "src"
-    for rel, path in tree.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, src / rel)
-    captured = io.StringIO()
+def _compile(root, key, name, what, tree, units, defines, cflags, cuda_cflags, cuda, verbose):
+    """Compile in a staging directory and publish it as the entry, marker included. The sources
+    are copied into the staging directory, so the build names no path outside the cache. A cache
+    path ninja cannot spell is built in a temporary directory and copied in."""
+    started = time.monotonic()
+    outside = None if NINJA_SAFE_PATH.fullmatch(str(root)) else Path(tempfile.mkdtemp(prefix="moe-hal-"))
+    staging = Path(tempfile.mkdtemp(prefix=f"{kernel_cache.STAGING_PREFIX}{key}-", dir=outside or root))
     try:
-        with redirect_stdout(captured), redirect_stderr(captured):
-            cpp_extension.load(
-                name=key,
-                sources=[str(src / rel) for rel in units],
-                extra_cflags=[*BASE_CFLAGS, *define_flags, *cflags],
-                extra_cuda_cflags=[*BASE_CUDA_CFLAGS, *define_flags, *cuda_cflags] if cuda else None,
-                extra_include_paths=[str(src)],
-                build_directory=str(build_dir),
-                with_cuda=cuda,
-                is_python_module=False,
-                verbose=verbose,
-            )
-    except Exception as exc:  # the compiler's message travels in the exception and the capture
-        log = captured.getvalue()
-        raise BuildError(f"building {key} from {', '.join(units)} failed:\n{exc}\n{log}".rstrip()) from None
+        src = staging / "src"
+        for rel, path in tree.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, src / rel)
+        (staging / KEY_UNIT).write_text(
+            f'extern "C" __attribute__((used)) const char hal_build_key[] = "HAL_BUILD_KEY={key}";\n')
+        define_flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
+        define_flags.append(f"-DHAL_OP_NAMESPACE={key}")
+        output = jit_compile.run(dict(
+            name=key,
+            sources=[str(src / rel) for rel in units] + [str(staging / KEY_UNIT)],
+            extra_cflags=[*BASE_CFLAGS, *define_flags, *cflags],
+            extra_cuda_cflags=[*BASE_CUDA_CFLAGS, *define_flags, *cuda_cflags] if cuda else None,
+            extra_include_paths=[str(src)],
+            build_directory=str(staging),
+            with_cuda=cuda,
+            is_python_module=False,
+            verbose=verbose,
+        ), f"{key} from {', '.join(units)}")
+        if verbose and output:
+            print(output, file=sys.stderr, end="" if output.endswith("\n") else "\n")
+        kernel_cache.restrict(staging)
+        kernel_cache.write_marker(staging, key, name, time.monotonic() - started, what)
+        if outside is not None:
+            moved = Path(tempfile.mkdtemp(prefix=f"{kernel_cache.STAGING_PREFIX}{key}-", dir=root))
+            shutil.copytree(staging, moved, dirs_exist_ok=True)
+            kernel_cache.restrict(moved)
+            staging = moved
+        kernel_cache.publish(staging, root / key)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if outside is not None:
+            shutil.rmtree(outside, ignore_errors=True)

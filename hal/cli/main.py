@@ -8,11 +8,11 @@ import os
 import sys
 import warnings
 
-from hal.cli import bench_cmd, build_cmd, doctor_cmd, probe_cmd, profiles_cmd, select_cmd
+from hal.cli import bench_cmd, build_cmd, cache_cmd, doctor_cmd, probe_cmd, profiles_cmd, select_cmd
 from hal.jit import BuildError
 from hal.registry import NoKernelError
 
-COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd, doctor_cmd)
+COMMANDS = (probe_cmd, profiles_cmd, select_cmd, bench_cmd, build_cmd, cache_cmd, doctor_cmd)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ Most tests build a tiny plain C++ library (no torch headers: seconds, not a minu
 value through ctypes; one builds a real TORCH_LIBRARY op set."""
 
 import ctypes
+import re
 import subprocess
 import sys
 import textwrap
@@ -53,13 +54,18 @@ def source(tmp_path, cache):
     return write_sources(tmp_path / "checkout")
 
 
-def test_one_line_per_compile_and_none_on_a_hit(source, capfd):
+def test_a_compile_says_what_it_builds_and_how_long_it_took_and_a_hit_says_nothing(source, capfd):
     ns = jit.build("selftest", [str(source)], defines={"HAL_TEST_K": 2})
-    err = capfd.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("[moe-hal] compiling selftest (HAL_TEST_K=2) in ")
+    first, done = capfd.readouterr().err.splitlines()
+    assert first.startswith("[moe-hal] compiling selftest (HAL_TEST_K=2) in ")
+    assert "no earlier build of selftest here" in first
+    assert re.fullmatch(r"\[moe-hal\] compiled selftest in \d+ s", done)
     assert value_of(ns) == 2.0
     assert jit.build("selftest", [str(source)], defines={"HAL_TEST_K": 2}) == ns
     assert capfd.readouterr().err == ""
+    jit.build("selftest", [str(source)], defines={"HAL_TEST_K": 3})  # estimated from the last one
+    assert re.search(r"compiling selftest \(HAL_TEST_K=3\) in .*; the last build of selftest here "
+                     r"took \d+ s$", capfd.readouterr().err.splitlines()[0])
 
 
 def test_two_checkouts_share_one_build(tmp_path, source, cache, capfd):
