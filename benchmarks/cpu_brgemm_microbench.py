@@ -19,9 +19,9 @@ import statistics
 import time
 
 import torch
+from hal.backends.cpu_brgemm import policy
 
 import hal
-from backends.cpu_brgemm import policy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(os.path.dirname(HERE), "csrc", "cpu")

@@ -12,8 +12,8 @@ import argparse
 import json
 
 import torch
+from hal.backends.marlin import configs
 
-from backends.marlin import configs
 from hal.bench.moe import DEFAULT_ROTATE, bench_weights, input_sets
 from hal.bench.timing import time_calls
 from hal.presets import PRESETS

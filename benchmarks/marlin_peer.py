@@ -203,7 +203,7 @@ class PeerLayer:
 # --- marlin with a forced config (the sweep) --------------------------------------------------
 def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
     """The rule's GemmChoice (K splits, occupancy) for one given config of GEMM `gemm`."""
-    from backends.marlin import configs
+    from hal.backends.marlin import configs
 
     table = {config.index: kernel.kernel_attributes()[config.index]}
     try:
@@ -215,8 +215,8 @@ def forced_choice(kernel, tokens: int, block_m: int, config, gemm: int):
 def run_forced(kernel, data, x, tw, ti, out, block_m: int, g13, g2, overlap: int | None = None,
                fusion: str | None = None):
     """The layer with these choices forced; `fusion` None: the one the plan takes for them."""
-    from backends.marlin import configs
-    from backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
+    from hal.backends.marlin import configs
+    from hal.backends.marlin.kernel import ACTIVATION_CODES, OVERLAP
 
     if fusion is None:
         fusion = configs.fusion_for(g13.splits)
@@ -360,7 +360,7 @@ OCC_FIRST_SMALL_TOKENS, OCC_FIRST_CAPS, OCC_FIRST_WAVES = 64, (4, 2), 8
 
 
 def occupancy_first_choice(kernel, tokens: int):
-    from backends.marlin import configs
+    from hal.backends.marlin import configs
 
     spec, table = kernel.spec, kernel.kernel_attributes()
     gpu, bucket = kernel._gpu, configs.token_bucket(tokens)
@@ -391,7 +391,7 @@ def occupancy_first_choice(kernel, tokens: int):
 
 def ab_variants() -> tuple:
     """What --ab can time beside the rule (layer_point)."""
-    from backends.marlin import configs
+    from hal.backends.marlin import configs
 
     return ("occupancy_first", "sequential", "no_prefetch", *(f"fusion_{f}" for f in configs.FUSIONS),
             "overlapped_epilogue", "mma_sync", "fitted_fixed_cost")
@@ -414,7 +414,7 @@ def layer_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, ch
                            for s, o in zip(sets, outs, strict=True)]}
     forced = []  # (name, block_m, gemm13, gemm2, overlap, fusion) of each A/B variant timed
     if ab:
-        from backends.marlin import configs
+        from hal.backends.marlin import configs
 
         rule = kernel._choice(T)
         if "occupancy_first" in ab:
@@ -490,7 +490,7 @@ def sweep_point(layer: Layer, T: int, samples: int, timer: Timer, sink: Sink, al
     all_splits every K split of every config is timed in those two passes (instead of the rule's
     split per config and a few around the fastest), so a cost model can be checked against every
     choice it could make."""
-    from backends.marlin import configs
+    from hal.backends.marlin import configs
 
     kernel, spec, data = layer.kernel, layer.spec, layer.prepared.data
     table = kernel.kernel_attributes()  # loads the ops, which fills kernel._gpu

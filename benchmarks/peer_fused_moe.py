@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-
-from backends.triton_moe.kernel import ALIGN_CHUNK, ALIGN_TILE_ELEMENTS, ALIGN_WARPS, align_programs
-from backends.triton_moe.routing import align_routes_kernel, count_routes_kernel, scatter_routes_kernel
+from hal.backends.triton_moe.kernel import ALIGN_CHUNK, ALIGN_TILE_ELEMENTS, ALIGN_WARPS, align_programs
+from hal.backends.triton_moe.routing import align_routes_kernel, count_routes_kernel, scatter_routes_kernel
 
 FP8_GROUP = 128
 FP8_MAX = 448.0

@@ -16,9 +16,9 @@ import json
 import sys
 
 import torch
+from hal.backends.requant.geometry import RequantGeometry, requant_launch_geometry
+from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
-from backends.requant.geometry import RequantGeometry, requant_launch_geometry
-from backends.requant.op import fp8_per_token_to_per_tensor
 from hal.bench import machine
 from hal.bench.requant import MAX_SETS_BYTES, point_inputs
 from hal.bench.timing import time_calls

@@ -21,7 +21,7 @@ dispatcher reports it; `none` passes no estimate. Scales are column-major, as De
 Timing: each side's calls, one per rotated input set, captured in one CUDA graph; input sets are
 rotated until their live bytes pass 128 MB (twice an H200's L2, so HBM serves them), at most 2048
 sets; samples alternate between the sides, each replaying its graph for at least 2 ms; medians.
-Bytes: every side's first set is compared with backends.reference's requant (the float contract,
+Bytes: every side's first set is compared with hal.backends.reference's requant (the float contract,
 one IEEE division) byte for byte, and rows at or beyond masked_m must keep their poison. The tuned
 and explicit geometries must match exactly (the run fails otherwise); the peer's mismatches are
 counted and reported.
@@ -41,11 +41,11 @@ import time
 
 import attrs
 import torch
+from hal.backends.reference.ops import requant_fp8
+from hal.backends.requant import tuning
+from hal.backends.requant.geometry import RequantGeometry, pow2_floor, requant_launch_geometry
+from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
-from backends.reference.ops import requant_fp8
-from backends.requant import tuning
-from backends.requant.geometry import RequantGeometry, pow2_floor, requant_launch_geometry
-from backends.requant.op import fp8_per_token_to_per_tensor
 from hal.bench.interleaved import time_sides
 from hal.bench.ratios import geomean
 from hal.bench.requant import skewed_rows

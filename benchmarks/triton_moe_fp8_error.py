@@ -13,10 +13,10 @@ import argparse
 
 import attrs
 import torch
+from hal.backends.reference import ops
+from hal.backends.triton_moe.kernel import TritonMoEKernel
 
 import hal
-from backends.reference import ops
-from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
 from hal.synth import random_routing, random_tokens, random_weights
 from hal.testing import rel_err

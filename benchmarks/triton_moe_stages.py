@@ -17,10 +17,10 @@ from typing import Optional
 import attrs
 import torch
 from device_weights import device_weights  # benchmarks/ is on sys.path when run as a script
+from hal.backends.triton_moe import configs
+from hal.backends.triton_moe.kernel import TritonMoEKernel
 
 import hal
-from backends.triton_moe import configs
-from backends.triton_moe.kernel import TritonMoEKernel
 from hal import presets
 from hal.backend import Target
 from hal.bench.moe import input_sets

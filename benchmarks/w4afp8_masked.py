@@ -10,8 +10,8 @@ Times, on the same inputs:
     w4afp8:rows_on_m the previous tiles: rows on the FP8 MMA's M side (--no-rows-on-m skips it)
     tile:PATH:...    with --tile PATH:BLOCK_M:BLOCK_N:WARPS:STAGES (repeatable): the requant feed
                      with that transposed tile at every row count (a tile sweep)
-    requant          the requant backend's masked MoE (Triton requant, GEMMs on backends.reference)
-    reference        backends.reference (--no-reference skips it)
+    requant          the requant backend's masked MoE (Triton requant, GEMMs on hal.backends.reference)
+    reference        hal.backends.reference (--no-reference skips it)
     marlin           with --marlin: the marlin backend's W4A16 layer (bf16 activations) on the same
                      int4 weights and scales, each local expert routed exactly the same rows (token
                      layout, top-k 1); skipped with its reason where marlin does not build
@@ -74,7 +74,7 @@ def fp8_tflops(fp8_dtype) -> Optional[float]:
 
 def parse_tile(text: str):
     """PATH:BLOCK_M:BLOCK_N:WARPS:STAGES -> a transposed configs.GemmTile."""
-    from backends.w4afp8 import configs
+    from hal.backends.w4afp8 import configs
 
     path, *numbers = text.split(":")
     if path not in configs.PATHS or path == "fp8" or len(numbers) != 4:
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     parser.add_argument("--experts", type=int, nargs="+", default=list(DEFAULT_EXPERTS))
     parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS),
                         help="rows per local expert")
-    parser.add_argument("--no-reference", action="store_true", help="skip backends.reference")
+    parser.add_argument("--no-reference", action="store_true", help="skip hal.backends.reference")
     parser.add_argument("--no-fallback", action="store_true", help="skip the requant backend's layer")
     parser.add_argument("--no-fused", action="store_true", help="skip the w4afp8 fused feed")
     parser.add_argument("--no-per-group", action="store_true",

@@ -90,7 +90,7 @@ def _cxx() -> Check:
 
 
 def _nvcc() -> Check:
-    from backends.marlin.build import nvcc_archs
+    from hal.backends.marlin.build import nvcc_archs
 
     nvcc, archs, why = nvcc_archs()
     cost = "marlin (int4 on NVIDIA GPUs); the Triton backends need no nvcc"

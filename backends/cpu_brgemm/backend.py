@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS, FORMAT_CODES, SIZE_MULTIPLE
+from hal.backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS, FORMAT_CODES, SIZE_MULTIPLE
+
 from hal import jit
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, Target
 from hal.spec import MoESpec
@@ -69,7 +70,7 @@ class CpuBrgemmBackend:
             else RANK_PORTABLE_FAST
 
     def build(self, spec, target: Target):
-        from backends.cpu_brgemm.kernel import CpuBrgemmKernel
+        from hal.backends.cpu_brgemm.kernel import CpuBrgemmKernel
 
         # The extension compiles on first use with the compiler torch's extension builder runs;
         # without one the build fails here and selection builds the next backend.

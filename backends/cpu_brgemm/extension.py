@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from backends.cpu_brgemm import policy
+from hal.backends.cpu_brgemm import policy
 
 SOURCE = "cpu/moe_brgemm.cpp"
 

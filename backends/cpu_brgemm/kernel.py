@@ -7,11 +7,10 @@ import functools
 from typing import Optional
 
 import torch
-
-from backends.cpu_brgemm import extension, pack
-from backends.cpu_brgemm.backend import isa_for
-from backends.cpu_brgemm.plan import PATH_NAMES, BlockPlan, MoEPlan
-from backends.cpu_brgemm.policy import (
+from hal.backends.cpu_brgemm import extension, pack
+from hal.backends.cpu_brgemm.backend import isa_for
+from hal.backends.cpu_brgemm.plan import PATH_NAMES, BlockPlan, MoEPlan
+from hal.backends.cpu_brgemm.policy import (
     ACTIVATION_CODES,
     BASELINE_POLICY,
     DEFAULT_POLICY,
@@ -19,6 +18,7 @@ from backends.cpu_brgemm.policy import (
     POLICIES,
     SCRATCH_CAP_BYTES,
 )
+
 from hal import live
 from hal.backend import Target
 from hal.kernel import MoEKernel

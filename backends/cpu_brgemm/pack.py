@@ -9,8 +9,8 @@ from typing import Optional
 
 import attrs
 import torch
+from hal.backends.cpu_brgemm.policy import BLOCK_N
 
-from backends.cpu_brgemm.policy import BLOCK_N
 from hal.spec import FP8_BLOCK, MXFP4_GROUP, MoESpec, MoEWeights
 
 _EMPTY = torch.empty(0)

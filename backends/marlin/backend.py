@@ -5,7 +5,8 @@ backend."""
 
 from __future__ import annotations
 
-from backends.marlin.build import arch_problems
+from hal.backends.marlin.build import arch_problems
+
 from hal import jit
 from hal.backend import RANK_SPECIALIZED
 from hal.verdict import Verdict
@@ -68,8 +69,8 @@ class MarlinBackend:
         return RANK_SPECIALIZED
 
     def build(self, spec, target):
-        from backends.marlin import build
-        from backends.marlin.kernel import MarlinMoEKernel
+        from hal.backends.marlin import build
+        from hal.backends.marlin.kernel import MarlinMoEKernel
 
         # A recorded profile describes another machine: its toolchain is checked there, when the
         # kernel compiles; the kernel object still plans for the profile.

@@ -9,9 +9,9 @@ from typing import Optional
 
 import attrs
 import torch
+from hal.backends.marlin import build, configs, repack
+from hal.backends.marlin.plan import MarlinPlan
 
-from backends.marlin import build, configs, repack
-from backends.marlin.plan import MarlinPlan
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 

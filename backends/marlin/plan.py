@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import attrs
-
-from backends.marlin.configs import GemmChoice
+from hal.backends.marlin.configs import GemmChoice
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ class ReferenceBackend:
         return RANK_REFERENCE
 
     def build(self, spec, target):
-        from backends.reference import kernels
+        from hal.backends.reference import kernels
 
         return kernels.BY_OP[op_of(spec).name](spec, target)
 

@@ -1,4 +1,4 @@
-"""The reference backend's kernels: the ops of backends.reference.ops behind the kernel API."""
+"""The reference backend's kernels: the ops of hal.backends.reference.ops behind the kernel API."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Optional
 
 import attrs
 import torch
+from hal.backends.reference import dequant, ops
 
-from backends.reference import dequant, ops
 from hal.kernel import MaskedMoEKernel, MoEKernel, RequantKernel
 
 NAME = "reference"

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Optional
 
 import torch
+from hal.backends.reference import activation, dequant
 
-from backends.reference import activation, dequant
 from hal.spec import TOKEN_GROUP, MoESpec
 
 # expert id -> (W13 [rows, H], W2 [H, I], b13 [rows] | None, b2 [H] | None) in the compute dtype

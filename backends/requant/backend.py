@@ -4,8 +4,9 @@ Triton is a failed build with its reason, and selection builds the next backend.
 
 from __future__ import annotations
 
-from backends.requant.plan import GEMM_NOTE
-from backends.requant.support import gpu_problems
+from hal.backends.requant.plan import GEMM_NOTE
+from hal.backends.requant.support import gpu_problems
+
 from hal.backend import RANK_PORTABLE_FAST, triton_interpreting
 from hal.ops import op_of
 from hal.spec import MoESpec
@@ -60,7 +61,7 @@ class RequantBackend:
         return RANK_PORTABLE_FAST
 
     def build(self, spec, target):
-        from backends.requant.kernels import BY_OP
+        from hal.backends.requant.kernels import BY_OP
 
         problems = spec_problems(spec) + target_problems(target)
         if problems:

@@ -8,9 +8,9 @@ from typing import Optional
 
 import attrs
 import torch
+from hal.backends.requant import tuning
+from hal.backends.requant.support import gpu_problems
 
-from backends.requant import tuning
-from backends.requant.support import gpu_problems
 from hal.backend import triton_interpreting
 from hal.caps import GpuCaps
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 import attrs
-
-from backends.requant import tuning
+from hal.backends.requant import tuning
 
 
 @attrs.frozen

@@ -1,16 +1,16 @@
 """The requant backend's kernels: the Triton requant behind the RequantKernel API, and the W4AFP8
-masked MoE whose requant runs on Triton and whose GEMM stages run on backends.reference."""
+masked MoE whose requant runs on Triton and whose GEMM stages run on hal.backends.reference."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+from hal.backends.reference import dequant, ops
+from hal.backends.requant.device import device_traits
+from hal.backends.requant.op import GEOMETRIES, fp8_per_token_to_per_tensor
+from hal.backends.requant.plan import MaskedMoEPlan, requant_plan
 
-from backends.reference import dequant, ops
-from backends.requant.device import device_traits
-from backends.requant.op import GEOMETRIES, fp8_per_token_to_per_tensor
-from backends.requant.plan import MaskedMoEPlan, requant_plan
 from hal.kernel import MaskedMoEKernel, RequantKernel
 
 NAME = "requant"
@@ -42,7 +42,7 @@ class RequantTritonKernel(RequantKernel):
 
 class W4AFp8MaskedKernel(MaskedMoEKernel):
     """DeepEP low-latency W4AFP8 MoE: the per-token-group activations are requantized to per-tensor
-    FP8 with GEMM 1's static input scale on Triton; the rest runs on backends.reference."""
+    FP8 with GEMM 1's static input scale on Triton; the rest runs on hal.backends.reference."""
 
     backend = NAME
 

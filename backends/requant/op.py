@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from hal.backends.requant import triton_kernels, tuning
+from hal.backends.requant.device import DeviceTraits, device_traits
+from hal.backends.requant.geometry import RequantGeometry, legacy_column_blocks, requant_launch_geometry
 
-from backends.requant import triton_kernels, tuning
-from backends.requant.device import DeviceTraits, device_traits
-from backends.requant.geometry import RequantGeometry, legacy_column_blocks, requant_launch_geometry
 from hal.caps import GpuCaps
 from hal.inputs import check_masked_inputs, check_requant_args, require
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 import attrs
-
-from backends.requant import tuning
-from backends.requant.geometry import legacy_column_blocks, requant_launch_geometry
+from hal.backends.requant import tuning
+from hal.backends.requant.geometry import legacy_column_blocks, requant_launch_geometry
 
 if TYPE_CHECKING:  # device.py imports torch; a plan is built without it
-    from backends.requant.device import DeviceTraits
+    from hal.backends.requant.device import DeviceTraits
 
 GEMM_NOTE = "GEMM stages run on backends/reference until a fast W4A8 GEMM exists"
 

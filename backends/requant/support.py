@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from backends.requant import tuning
+from hal.backends.requant import tuning
+
 from hal.caps import GpuCaps
 
 FP8_ENCODINGS = ("ocp", "fnuz")  # the encodings device.FP8_DTYPES maps to torch dtypes

@@ -3,7 +3,7 @@
     out[e, r, k] = fp8(clamp((float(x[e, r, k]) * x_scale[e, r, k // 128]) * (1 / output_scale)))
 
 in fp32, in that order, the reciprocal correctly rounded (div_rn): bit-exact with
-backends.reference.ops.requant_fp8. Rows at or beyond masked_m[e] are neither read nor written;
+hal.backends.reference.ops.requant_fp8. Rows at or beyond masked_m[e] are neither read nor written;
 masked_m is clamped to [0, max_m] in the kernels, as the reference does.
 
 Only tl APIs present in both Triton 3.6 (the GPU host) and 3.9 (the CPU interpreter runs) are used."""

@@ -3,7 +3,8 @@ and import neither torch nor Triton; build() does."""
 
 from __future__ import annotations
 
-from backends.triton_moe import support
+from hal.backends.triton_moe import support
+
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, triton_interpreting
 from hal.verdict import Verdict
 
@@ -66,7 +67,7 @@ class TritonMoEBackend:
         return RANK_GPU
 
     def build(self, spec, target):
-        from backends.triton_moe.kernel import TritonMoEKernel
+        from hal.backends.triton_moe.kernel import TritonMoEKernel
 
         problems = support.spec_problems(spec) + _target_problems(spec, target)
         if problems:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.triton_moe import repacked_step, split_k
-from backends.triton_moe.quant import quantize_remainder, quantize_rows
-from backends.triton_moe.routing import local_expert
+from hal.backends.triton_moe import repacked_step, split_k
+from hal.backends.triton_moe.quant import quantize_remainder, quantize_rows
+from hal.backends.triton_moe.routing import local_expert
 
 # Weight formats as the kernels know them (constexpr codes).
 BF16, FP8_BLOCK, MXFP4, INT4 = 0, 1, 2, 3

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.triton_moe.routing import local_expert
+from hal.backends.triton_moe.routing import local_expert
 
 E2M1_IN_FP16 = tl.constexpr(16384.0)  # 2^14: an e2m1 nibble read as fp16 is its value over this
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from backends.triton_moe import repacked_words
-from backends.triton_moe.repacked_words import GROUPS_PER_STEP
+from hal.backends.triton_moe import repacked_words
+from hal.backends.triton_moe.repacked_words import GROUPS_PER_STEP
 
 ZERO_NIBBLE = 8  # uint4b8's zero: the padding past K
 # repacked_words.pack's placement: nibble bit i of group j's half b at word bit 16 b + 4 j + i.

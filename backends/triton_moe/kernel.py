@@ -17,20 +17,20 @@ from typing import Optional, Union
 import attrs
 import torch
 import triton
-
-from backends.triton_moe import configs, int4_repacked, mxfp4_repacked, split_k
-from backends.triton_moe.gemm import moe_gemm_kernel
-from backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
-from backends.triton_moe.plan import TritonMoEPlan
-from backends.triton_moe.quant import FP8_GROUP, quantize_groups_kernel
-from backends.triton_moe.quant import GROUPS_PER_PROGRAM as QUANT_GROUPS_PER_PROGRAM
-from backends.triton_moe.quantized_grouping import align_and_quantize_kernel, count_and_quantize_kernel
-from backends.triton_moe.routing import (
+from hal.backends.triton_moe import configs, int4_repacked, mxfp4_repacked, split_k
+from hal.backends.triton_moe.gemm import moe_gemm_kernel
+from hal.backends.triton_moe.gemv import moe_gemv_first_kernel, moe_gemv_second_kernel
+from hal.backends.triton_moe.plan import TritonMoEPlan
+from hal.backends.triton_moe.quant import FP8_GROUP, quantize_groups_kernel
+from hal.backends.triton_moe.quant import GROUPS_PER_PROGRAM as QUANT_GROUPS_PER_PROGRAM
+from hal.backends.triton_moe.quantized_grouping import align_and_quantize_kernel, count_and_quantize_kernel
+from hal.backends.triton_moe.routing import (
     align_routes_kernel,
     count_routes_kernel,
     scatter_routes_kernel,
     sum_routes_kernel,
 )
+
 from hal.backend import triton_interpreting
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel

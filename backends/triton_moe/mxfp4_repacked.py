@@ -25,9 +25,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from backends.triton_moe import repacked_words
-from backends.triton_moe.repacked_words import GROUPS_PER_STEP, int32
+from hal.backends.triton_moe import repacked_words
+from hal.backends.triton_moe.repacked_words import GROUPS_PER_STEP, int32
 
 # Above this e8m0, 2^(e8m0 - 1) overflows fp32: a weight holding one is scaled in two multiplies.
 ONE_MULTIPLY_MAX_E8M0 = tl.constexpr(128)

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import attrs
-
-from backends.triton_moe.configs import FP8_TERMS, LaunchConfig
+from hal.backends.triton_moe.configs import FP8_TERMS, LaunchConfig
 
 
 @attrs.frozen

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.triton_moe.quant import quantize_groups
-from backends.triton_moe.routing import align_routes, count_routes
+from hal.backends.triton_moe.quant import quantize_groups
+from hal.backends.triton_moe.routing import align_routes, count_routes
 
 
 @triton.jit

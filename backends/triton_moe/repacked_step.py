@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.triton_moe import int4_repacked, mxfp4_repacked
+from hal.backends.triton_moe import int4_repacked, mxfp4_repacked
 
 
 @triton.jit

@@ -82,7 +82,7 @@ class W4AFp8Backend:
         return RANK_SPECIALIZED
 
     def build(self, spec, target):
-        from backends.w4afp8.kernel import W4AFp8MaskedKernel
+        from hal.backends.w4afp8.kernel import W4AFp8MaskedKernel
 
         problems = spec_problems(spec) + target_problems(target)
         if problems:

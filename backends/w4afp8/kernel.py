@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from hal.backends.w4afp8 import configs, layer
+from hal.backends.w4afp8.plan import W4AFp8Plan
 
-from backends.w4afp8 import configs, layer
-from backends.w4afp8.plan import W4AFp8Plan
 from hal.kernel import MaskedMoEKernel
 
 NAME = "w4afp8"

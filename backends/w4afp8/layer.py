@@ -14,8 +14,15 @@ from typing import Optional
 import attrs
 import torch
 import triton.language as tl
+from hal.backends.w4afp8 import (
+    configs,
+    triton_decode,
+    triton_feed,
+    triton_kernels,
+    triton_planes,
+    triton_split_k,
+)
 
-from backends.w4afp8 import configs, triton_decode, triton_feed, triton_kernels, triton_planes, triton_split_k
 from hal.spec import MoESpec
 
 # torch dtype of the MMA operands -> the Triton dtype the kernels convert them to.

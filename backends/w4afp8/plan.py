@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 import attrs
-
-from backends.w4afp8.configs import GemmTile
+from hal.backends.w4afp8.configs import GemmTile
 
 # variant name -> what feeds GEMM 1
 FEEDS = {

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.w4afp8.triton_kernels import _activation, _requant
-from backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
+from hal.backends.w4afp8.triton_kernels import _activation, _requant
+from hal.backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
 
 # One int16 pair in, four bf16 pairs out: pair j holds nibble j of each int16 as q - 8.
 # lop3 immediate 0xEA is (a & b) | c; bf16x2 fma computes x * 1 + (-136) exactly.

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.w4afp8.triton_kernels import _requant
+from hal.backends.w4afp8.triton_kernels import _requant
 
 # columns per program: eight scale groups of 128, one 16-byte vector per thread at 4 warps
 BLOCK_H = 1024

@@ -25,8 +25,8 @@ ACTIVATION_CODES = {"silu": 0, "swiglu_oai": 1, "relu2": 2}
 
 @triton.jit
 def _requant(values, inv_scale, fp8_max, fp8_dtype: tl.constexpr):
-    """fp8(clamp(values * inv_scale, +-max)): the contract's rounding point, as backends.requant and
-    backends.reference.ops.quantize_fp8 compute it."""
+    """fp8(clamp(values * inv_scale, +-max)): the contract's rounding point, as hal.backends.requant and
+    hal.backends.reference.ops.quantize_fp8 compute it."""
     y = tl.clamp(values * inv_scale, -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)
     return y.to(fp8_dtype)
 
@@ -71,7 +71,7 @@ def _scaled_group_dot(a, acc, q_ptr, s_ptr, q_base, s_base, offs_n, live_n, k0, 
 
 @triton.jit
 def _activation(gate, up, swiglu_alpha, swiglu_limit, ACTIVATION: tl.constexpr):
-    """hal.spec activations in fp32 (backends.reference.activation)."""
+    """hal.spec activations in fp32 (hal.backends.reference.activation)."""
     # One return after static branches: Triton resolves constexpr ifs at compile time.
     if ACTIVATION == 0:  # silu(gate) * up
         act = gate / (1.0 + tl.exp(-gate)) * up

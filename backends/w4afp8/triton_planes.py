@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from backends.w4afp8.triton_decode import _store_h, _store_out
-from backends.w4afp8.triton_kernels import _requant
-from backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
+from hal.backends.w4afp8.triton_decode import _store_h, _store_out
+from hal.backends.w4afp8.triton_kernels import _requant
+from hal.backends.w4afp8.triton_split_k import _arrive, _groups, _parts, _program, _tile
 
 # Two int32 words in ($8, $9), eight fp16 pairs out: pair j holds nibble j of each word as q - 8.
 # prmt gathers the low (high) halves of both words into one register; lop3 (immediate 0xEA:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import hal
-from backends.reference.ops import moe_tokens
+from hal.backends.reference.ops import moe_tokens
 from hal.synth import random_routing, random_tokens, random_weights
 from hal.testing import ACCURACY, rel_err
 

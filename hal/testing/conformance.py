@@ -351,7 +351,7 @@ def _requant_inputs(case, seed, counts=None):
 
 
 def _requant_reference(x, x_scale, masked_m, output_scale, dtype):
-    from backends.reference import ops
+    from hal.backends.reference import ops
 
     return ops.requant_fp8(x, x_scale, masked_m, output_scale, poison(torch.empty(x.shape, dtype=dtype,
                                                                                   device=x.device)))
@@ -359,7 +359,7 @@ def _requant_reference(x, x_scale, masked_m, output_scale, dtype):
 
 def _carries_into_next_binade(x, x_scale, masked_m, output_scale, ref):
     """Elements whose exact fp32 value lies below a power of two that it rounds up to."""
-    from backends.reference import ops
+    from hal.backends.reference import ops
 
     carry = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
     inv = 1.0 / output_scale.float().reshape(())

@@ -78,7 +78,7 @@ def token_oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
     """float64 evaluation of docs/contract.md's formula on the dequantized weights. A dropped route (-1)
     adds nothing: it is evaluated as a route of weight zero to expert 0, so the oracle does not
     depend on how its own indexing treats -1."""
-    from backends.reference import ops  # the executable contract
+    from hal.backends.reference import ops  # the executable contract
 
     dropped = topk_ids < 0
     tw = torch.where(dropped, torch.zeros_like(topk_weights), topk_weights)
@@ -88,7 +88,7 @@ def token_oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
 
 
 def masked_oracle(spec, x, x_scale, masked_m, weights) -> torch.Tensor:
-    from backends.reference import ops
+    from hal.backends.reference import ops
 
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     return ops.moe_masked(spec, x, x_scale, masked_m, weights, out, compute_dtype=torch.float64)

@@ -74,7 +74,8 @@ def test_cache_verify_names_an_untrusted_entry(cache, entries, capsys):
 def compiling_reference(tmp_path, monkeypatch, cache):
     """The reference backend alone, its kernels compiling the tiny library (one per weight
     format), so `hal build` has real builds to report."""
-    from backends.reference.kernels import ReferenceMoEKernel
+    from hal.backends.reference.kernels import ReferenceMoEKernel
+
     from hal import jit
 
     source = write_sources(tmp_path / "checkout")

@@ -40,7 +40,8 @@ def test_output_into_a_closed_pipe_exits_quietly(command):
 def test_an_unusable_kernel_cache_is_named_without_a_traceback(tmp_path):
     import os
 
-    from backends.cpu_brgemm.backend import isa_for
+    from hal.backends.cpu_brgemm.backend import isa_for
+
     from hal.testing import live_cpu_caps
 
     if isa_for(live_cpu_caps().cpu) is None:

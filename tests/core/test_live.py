@@ -75,8 +75,8 @@ def test_live_gpu_fields_are_filled_and_known_ones_kept(host):
 
 
 def test_kernels_built_directly_see_the_refined_target(host):
-    from backends.cpu_brgemm.kernel import CpuBrgemmKernel
-    from backends.requant.kernels import RequantTritonKernel
+    from hal.backends.cpu_brgemm.kernel import CpuBrgemmKernel
+    from hal.backends.requant.kernels import RequantTritonKernel
 
     spec = hal.MoESpec(num_experts=4, top_k=1, hidden_size=128, intermediate_size=64,
                        weight_format="fp8_block128")

@@ -248,7 +248,7 @@ def test_every_failed_build_is_no_kernel_with_the_build_errors():
 def test_marlin_without_a_toolchain_fails_its_build_and_the_next_backend_runs(monkeypatch):
     """check() accepts from the caps alone; build() finds no nvcc on this (live) target, and the
     trace keeps the reason while the next backend is built."""
-    from backends.marlin import build
+    from hal.backends.marlin import build
 
     monkeypatch.setattr(build, "nvcc_archs", lambda: (None, (), "nvcc was not found (set CUDA_HOME)"))
     caps = attrs.evolve(hal.probe(profile="h200"), profile=None)

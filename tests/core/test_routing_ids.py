@@ -7,10 +7,10 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops
+from hal.backends.reference.kernels import ReferenceMoEKernel
 
 import hal
-from backends.reference import ops
-from backends.reference.kernels import ReferenceMoEKernel
 from hal.backend import Target
 from hal.caps import Caps
 from hal.synth import random_expert_map, random_routing, random_tokens, random_weights

@@ -10,10 +10,10 @@ import sys
 
 import attrs
 import torch
+from hal.backends.cpu_brgemm import extension
+from hal.backends.cpu_brgemm.kernel import CpuBrgemmKernel
+from hal.backends.reference import ops as reference
 
-from backends.cpu_brgemm import extension
-from backends.cpu_brgemm.kernel import CpuBrgemmKernel
-from backends.reference import ops as reference
 from hal import synth
 from hal.backend import Target
 from hal.spec import MoESpec

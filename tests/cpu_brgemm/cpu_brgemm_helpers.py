@@ -6,8 +6,8 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops as reference
 
-from backends.reference import ops as reference
 from hal import synth
 from hal.backend import Target
 from hal.testing import ACCURACY, live_cpu_caps, rel_err
@@ -39,7 +39,7 @@ def machine_target():
 
 
 def make_kernel(spec, target, isa, policy="per_block"):
-    from backends.cpu_brgemm.kernel import CpuBrgemmKernel
+    from hal.backends.cpu_brgemm.kernel import CpuBrgemmKernel
 
     if isa not in runnable_isas():
         pytest.skip(f"this CPU cannot run the {isa} build")

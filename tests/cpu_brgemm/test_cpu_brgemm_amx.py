@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from cpu_brgemm_helpers import check_against_reference, machine_target, make_kernel, weights_for
+from hal.backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS
 
-from backends.cpu_brgemm.policy import BRGEMM_MIN_ROWS
 from hal import synth
 from hal.spec import MoESpec
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hal.backends.cpu_brgemm import backend
 
-from backends.cpu_brgemm import backend
 from hal import synth
 from hal.backend import RANK_PORTABLE_FAST, RANK_SPECIALIZED, Target
 from hal.caps import AmxState, Caps, CpuCaps, IsaFlags

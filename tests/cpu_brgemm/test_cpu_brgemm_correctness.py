@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_brgemm_helpers import check_against_reference, isa_params, machine_target, make_kernel, weights_for
+from hal.backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, BRGEMM_L2_BYTES, POLICIES
 
-from backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, BRGEMM_L2_BYTES, POLICIES
 from hal import synth
 from hal.spec import MoESpec
 

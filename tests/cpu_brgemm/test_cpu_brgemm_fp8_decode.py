@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_brgemm_helpers import isa_params, machine_target, make_kernel, weights_for
+from hal.backends.cpu_brgemm import extension
+from hal.backends.reference import ops as reference
 
-from backends.cpu_brgemm import extension
-from backends.reference import ops as reference
 from hal import synth
 from hal.spec import MoESpec
 from hal.testing import ACCURACY, rel_err

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_brgemm_helpers import machine_target, make_kernel, runnable_isas
+from hal.backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, BRGEMM_MIN_ROWS, POLICIES
 
-from backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, BRGEMM_MIN_ROWS, POLICIES
 from hal import synth
 from hal.spec import MoESpec
 

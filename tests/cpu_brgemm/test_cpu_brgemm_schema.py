@@ -6,8 +6,8 @@ from __future__ import annotations
 import attrs
 import pytest
 from cpu_brgemm_helpers import machine_target, make_kernel, runnable_isas
+from hal.backends.cpu_brgemm import extension
 
-from backends.cpu_brgemm import extension
 from hal import synth
 from hal.spec import MoESpec
 from hal.testing.opcheck import Recorder, opcheck_recorded
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cpu
 
 @pytest.fixture
 def recorded_ops(monkeypatch):
-    from backends.cpu_brgemm.kernel import CpuBrgemmKernel
+    from hal.backends.cpu_brgemm.kernel import CpuBrgemmKernel
 
     isa = runnable_isas()[0] if runnable_isas() else pytest.skip("this CPU runs no cpu_brgemm build")
     recorder = Recorder(extension.ops(isa))

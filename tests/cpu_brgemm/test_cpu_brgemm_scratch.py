@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_brgemm_helpers import check_against_reference, isa_params, machine_target, make_kernel, weights_for
+from hal.backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, MAX_PANEL_GROUP, SCRATCH_CAP_BYTES
 
 import hal
-from backends.cpu_brgemm.policy import BLOCK_M, BLOCK_N, MAX_PANEL_GROUP, SCRATCH_CAP_BYTES
 from hal import synth
 from hal.spec import MoESpec
 

@@ -9,8 +9,8 @@ import attrs
 import pytest
 import torch
 from cpu_brgemm_helpers import isa_params, machine_target, make_kernel, weights_for
+from hal.backends.reference import ops as reference
 
-from backends.reference import ops as reference
 from hal import synth
 from hal.spec import MoESpec
 from hal.testing import ACCURACY, rel_err

@@ -13,9 +13,9 @@ import time
 import attrs
 import torch
 import torch.distributed as dist
+from hal.backends.reference import ops
 
 import hal
-from backends.reference import ops
 from hal.distributed import CollectiveError, EPGroup, ExpertAssignment, combine_masked, dispatch_masked
 from hal.spec import TOKEN_GROUP
 from hal.synth import random_routing, random_tokens, random_weights

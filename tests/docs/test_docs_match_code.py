@@ -5,9 +5,9 @@ import pathlib
 import re
 
 import pytest
+from hal.backends.triton_moe import support
 
 import hal
-from backends.triton_moe import support
 from hal import presets
 from hal.backend import Target
 from hal.registry import decide, discover

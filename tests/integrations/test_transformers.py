@@ -19,6 +19,7 @@ transformers = pytest.importorskip(
     reason="the transformers integration needs transformers 5 (pip install 'moe-hal[transformers]')")
 
 import torch  # noqa: E402
+from hal.backends.reference.dequant import fp8_block  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     DeepseekV3Config,
@@ -35,7 +36,6 @@ from transformers.integrations.finegrained_fp8 import (  # noqa: E402
 from transformers.integrations.moe import use_experts_implementation  # noqa: E402
 
 import hal.integrations.transformers as hal_tf  # noqa: E402
-from backends.reference.dequant import fp8_block  # noqa: E402
 from hal.integrations.transformers.layer import eager_forward, layer_state  # noqa: E402
 from hal.integrations.transformers.watch import sample_positions  # noqa: E402
 from hal.spec import FP8_BLOCK  # noqa: E402

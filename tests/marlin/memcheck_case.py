@@ -9,10 +9,10 @@ import sys
 
 import attrs
 import torch
+from hal.backends.marlin.kernel import MarlinMoEKernel
+from hal.backends.reference import ops
 
 import hal
-from backends.marlin.kernel import MarlinMoEKernel
-from backends.reference import ops
 from hal.backend import Target
 from hal.synth import random_expert_map, random_routing, random_tokens, random_weights
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hal.backends.marlin import backend, build, configs
 
 import hal
-from backends.marlin import backend, build, configs
 from hal.backend import Target
 from hal.bench.ratios import geomean
 from hal.presets import PRESETS
@@ -439,9 +439,9 @@ def test_kernel_variants_and_baselines():
 
 
 def test_the_backend_tile_rule_is_the_compiled_table():
-    """check() reads the compiled tiles from backends.marlin.backend.TILES without opening the
+    """check() reads the compiled tiles from hal.backends.marlin.backend.TILES without opening the
     header: both must name the same tiles at every block_m."""
-    from backends.marlin.backend import TILES
+    from hal.backends.marlin.backend import TILES
 
     for block_m in configs.BLOCK_M_CHOICES:
         compiled = {(c.thread_k, c.thread_n) for c in configs.candidates() if c.block_m == block_m}

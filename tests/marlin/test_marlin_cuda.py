@@ -1,4 +1,4 @@
-"""The Marlin MoE kernels on an NVIDIA GPU against backends.reference (float64): every compiled
+"""The Marlin MoE kernels on an NVIDIA GPU against hal.backends.reference (float64): every compiled
 config, the routing op, the fused epilogues at every K split, and the whole layer over token
 counts, activations, dtypes, group sizes, bias and expert parallelism. Outputs are poisoned before
 each run."""
@@ -15,11 +15,11 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from hal.backends.marlin import configs, repack
+from hal.backends.marlin.kernel import MarlinMoEKernel
+from hal.backends.reference import dequant, ops
 
 import hal
-from backends.marlin import configs, repack
-from backends.marlin.kernel import MarlinMoEKernel
-from backends.reference import dequant, ops
 from hal.backend import Target
 from hal.bench.timing import capture_graph
 from hal.synth import random_expert_map, random_routing, random_tokens, random_weights
@@ -180,7 +180,7 @@ def test_fused_epilogues_at_every_k_split(activation):
     rounds each token's sums in its last arrival or the rounding kernel does, or both the
     activation and the rounding are kernels of their own; with a grid smaller than the block count,
     tokens whose routes all go to other ranks or are dropped (-1), and bias."""
-    from backends.marlin.kernel import ACTIVATION_CODES
+    from hal.backends.marlin.kernel import ACTIVATION_CODES
 
     spec = hal.MoESpec(64, 4, 1024, 512, "int4_g128", activation, has_bias=True, num_local_experts=24)
     kernel = kernel_for(spec)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from backends.marlin import repack
+from hal.backends.marlin import repack
 
 pytestmark = pytest.mark.cpu
 
@@ -25,7 +24,7 @@ def test_round_trip(E, K, N):
 
 
 def test_nibbles_match_the_reference_dequant():
-    from backends.reference import dequant
+    from hal.backends.reference import dequant
 
     q = random_qweight(2, 256, 128, seed=3)
     scales = torch.ones(2, 2, 128)
@@ -70,8 +69,9 @@ def test_gate_up_columns_pair_what_the_epilogue_pairs(activation):
     """GEMM 1's epilogue activates physical columns 32q + r (gate) and 32q + 16 + r (up) into
     intermediate column 16q + r (relu2: each column on its own); with the columns in
     gate_up_columns order that must be the reference activation of the spec's columns."""
+    from hal.backends.reference import activation as reference
+
     import hal
-    from backends.reference import activation as reference
 
     inter = 384
     spec = hal.MoESpec(8, 2, 256, inter, "int4_g128", activation)

@@ -10,11 +10,11 @@ import functools
 import attrs
 import pytest
 import torch
+from hal.backends.marlin import configs
+from hal.backends.marlin.kernel import MarlinMoEKernel
+from hal.backends.reference import ops
 
 import hal
-from backends.marlin import configs
-from backends.marlin.kernel import MarlinMoEKernel
-from backends.reference import ops
 from hal.backend import Target
 from hal.synth import random_expert_map, random_routing, random_tokens, random_weights
 from hal.testing import ACCURACY, rel_err

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hal.backends.marlin.kernel import MarlinMoEKernel
 
 import hal
-from backends.marlin.kernel import MarlinMoEKernel
 from hal.backend import Target
 from hal.synth import random_routing, random_tokens, random_weights
 from hal.testing.opcheck import EAGER_CHECKS as CHECKS

@@ -1,11 +1,13 @@
 """A built wheel is a working product: installed into a fresh venv, away from the checkout, it
 selects cpu_brgemm, compiles it from the kernel sources the wheel carries (into an empty cache)
-and matches the float64 reference."""
+and matches the float64 reference; from a folder holding a user's own `backends` and `hal`, and
+on a CPU install without triton, which the wheel does not require."""
 
 import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,14 +22,17 @@ RUN_A_KERNEL = textwrap.dedent("""
 
     import torch
 
-    import backends
+    if "--no-triton" in sys.argv:  # as if triton were not installed: no import finds it
+        sys.modules["triton"] = None
+
     import hal
-    from backends.reference import ops
+    import hal.backends
+    from hal.backends.reference import ops
     from hal.synth import random_routing, random_tokens, random_weights
     from hal.testing import ACCURACY, poison, rel_err
 
     venv = Path(sys.prefix)
-    for module in (hal, backends):  # the wheel's packages, never the checkout's
+    for module in (hal, hal.backends):  # the wheel's packages, never the checkout's or the user's
         assert venv in Path(module.__file__).parents, module.__file__
     for fmt, tokens in (("fp8_block128", 37), ("bf16", 5)):
         spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=256, intermediate_size=160,
@@ -75,8 +80,49 @@ def test_wheel_builds_and_runs_a_cpu_kernel_outside_the_checkout(tmp_path):
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, env=env, timeout=600)
 
-    run = subprocess.run([python, "-c", RUN_A_KERNEL], cwd=tmp_path, env=env, capture_output=True,
+    # The user's working directory has packages of its own named like moe-hal's folders: a
+    # `backends` package that fails on import and a `hal` folder of data.
+    work = tmp_path / "work"
+    (work / "backends" / "cpu_brgemm").mkdir(parents=True)
+    (work / "backends" / "__init__.py").write_text("raise ImportError('the user's own backends')\n")
+    (work / "hal").mkdir()
+    (work / "hal" / "notes.txt").write_text("not a package\n")
+    run = subprocess.run([python, "-c", RUN_A_KERNEL], cwd=work, env=env, capture_output=True,
                          text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("cpu_brgemm rel err") == 2
-    assert run.stderr.count("[moe-hal] compiling cpu_brgemm") == 1  # built from the wheel's sources
+    assert run.stderr.count("compiling cpu_brgemm") == 1  # built from the wheel's sources
+
+    # Without triton the CPU kernels run as before, and hal probe says what triton would add.
+    run = subprocess.run([python, "-c", RUN_A_KERNEL, "--no-triton"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("cpu_brgemm rel err") == 2
+    probe = subprocess.run([python, "-c", "import sys; sys.modules['triton'] = None; "
+                            "from hal.cli.main import main; sys.exit(main(['probe']))"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert "triton is not installed: requant, triton_moe, w4afp8 cannot run here" in probe.stdout
+
+
+def test_the_wheel_requires_no_triton_and_builds_without_warnings(tmp_path):
+    """A CPU-only install pulls no triton (about 1 GB): only the test extra names it. The build
+    prints no setuptools deprecation or missing-package warning."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    wheels = tmp_path / "wheels"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
+                            "-w", str(wheels), str(ROOT)], env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert build.returncode == 0, build.stdout + build.stderr
+    log = build.stdout + build.stderr
+    for warning in ("SetuptoolsDeprecationWarning", "is absent from the `packages` configuration"):
+        assert warning not in log, warning
+    wheel = next(wheels.glob("moe_hal-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = [line for line in archive.read(metadata).decode().splitlines()
+                    if line.startswith("Requires-Dist:") and "triton" in line]
+        names = archive.namelist()
+    assert requires and all('extra == "test"' in line for line in requires), requires
+    assert "hal/backends/cpu_brgemm/backend.py" in names and "hal/profiles/h100.json" in names
+    assert not any(name.startswith("backends/") for name in names)

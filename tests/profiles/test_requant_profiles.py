@@ -2,11 +2,11 @@
 profile named here is committed in hal/profiles; a missing one fails (hal.probe raises), it is
 never skipped."""
 
+import hal.backends.requant as requant
 import pytest
+from hal.backends.requant.geometry import requant_launch_geometry
 
-import backends.requant as requant
 import hal
-from backends.requant.geometry import requant_launch_geometry
 from hal.backend import Target
 from hal.spec import RequantSpec
 

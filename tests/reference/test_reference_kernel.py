@@ -4,9 +4,9 @@ every backend's kernel shares (poisoned out=, float64 accuracy, EP) is hal.testi
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops
 
 import hal
-from backends.reference import ops
 from hal.caps import Caps
 from hal.synth import random_expert_map, random_masked_inputs, random_routing, random_tokens, random_weights
 from hal.testing import poison

@@ -6,9 +6,9 @@ import math
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops
 
 import hal
-from backends.reference import ops
 from hal.synth import random_expert_map, random_masked_inputs, random_routing, random_tokens, random_weights
 from hal.testing import is_poison, poison
 

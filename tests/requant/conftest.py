@@ -10,7 +10,7 @@ from hal.testing.triton_interpreter import fp8_casts_through_torch
 
 @pytest.fixture(scope="module")
 def interpreter():
-    """Run backends.requant's Triton kernels in the interpreter on CPU, fp8 casts rounded by torch."""
+    """Run hal.backends.requant's Triton kernels in the interpreter on CPU, fp8 casts rounded by torch."""
     with fp8_casts_through_torch():
         yield
 

@@ -3,11 +3,11 @@ the reference backend in Triton's interpreter."""
 
 from __future__ import annotations
 
+import hal.backends.requant as requant
 import pytest
 import torch
+from hal.backends.reference import backend as reference
 
-import backends.requant as requant
-from backends.reference import backend as reference
 from hal.backend import RANK_REFERENCE, Target
 from hal.caps import Caps, GpuCaps, GpuFeatures
 from hal.spec import MoESpec, RequantSpec
@@ -84,7 +84,8 @@ def test_plans_say_what_they_launch():
 
 def test_bad_inputs_name_the_argument():
     pytest.importorskip("triton")
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
+
     from hal.synth import random_masked_inputs
 
     x, scale, masked_m = random_masked_inputs(2, 256, 4, [4, 1])

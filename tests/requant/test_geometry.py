@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from backends.requant import tuning
-from backends.requant.geometry import RequantGeometry, requant_launch_geometry
+from hal.backends.requant import tuning
+from hal.backends.requant.geometry import RequantGeometry, requant_launch_geometry
 
 pytestmark = pytest.mark.cpu
 

@@ -1,4 +1,4 @@
-"""The Triton requant on a real GPU, bit for bit against backends.reference, on real shapes."""
+"""The Triton requant on a real GPU, bit for bit against hal.backends.reference, on real shapes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 import torch
+from hal.backends.reference.ops import requant_fp8
 
-from backends.reference.ops import requant_fp8
 from hal.synth import random_masked_inputs
 from hal.testing import assert_masked_rows
 
@@ -60,8 +60,8 @@ def check_against_reference(x, scale, masked_m, out, dtype):
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hidden", [7168, 3584, 1152])
 def test_tuned_and_legacy_are_bit_exact(gpu, hidden, mask, layout):
-    from backends.requant.device import traits_from_gpu
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.device import traits_from_gpu
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     dtype = traits_from_gpu(gpu, "test").fp8_dtype
     x, scale, masked_m = inputs(hidden, mask, layout, seed=hidden + len(mask))
@@ -76,9 +76,9 @@ def test_tuned_and_legacy_are_bit_exact(gpu, hidden, mask, layout):
 
 @pytest.mark.parametrize("layout", ["row", "column"])
 def test_every_launch_geometry_writes_the_same_bytes(gpu, layout):
-    from backends.requant.device import traits_from_gpu
-    from backends.requant.geometry import RequantGeometry
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.device import traits_from_gpu
+    from hal.backends.requant.geometry import RequantGeometry
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     dtype = traits_from_gpu(gpu, "test").fp8_dtype
     x, scale, masked_m = inputs(7168, "random", layout, seed=1)
@@ -94,9 +94,9 @@ def test_every_launch_geometry_writes_the_same_bytes(gpu, layout):
 @pytest.mark.parametrize("hidden", [7168, 4096])
 def test_cache_hints_and_row_pairs_write_the_same_bytes(gpu, hidden, streaming, paired):
     """Both phases, a partial last tile (7168 at 16 groups) and none (4096), odd m-grids."""
-    from backends.requant.device import traits_from_gpu
-    from backends.requant.geometry import RequantGeometry
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.device import traits_from_gpu
+    from hal.backends.requant.geometry import RequantGeometry
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     dtype = traits_from_gpu(gpu, "test").fp8_dtype
     x, scale, masked_m = inputs(hidden, "random", "column", seed=hidden + 2 * paired + streaming)
@@ -110,7 +110,8 @@ def test_cache_hints_and_row_pairs_write_the_same_bytes(gpu, hidden, streaming, 
 
 def test_many_experts_under_skew_through_the_backend(gpu):
     """256 local experts, one hot expert holding 16x the average: the second phase at scale."""
-    import backends.requant as requant
+    import hal.backends.requant as requant
+
     import hal
     from hal.backend import Target
 
@@ -130,7 +131,7 @@ def test_many_experts_under_skew_through_the_backend(gpu):
 
 
 def test_check_false_runs_under_cuda_graph_capture(gpu):
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     x, scale, masked_m = inputs(3584, "random", "column", seed=3)
     s_out = torch.tensor([OUTPUT_SCALE], device="cuda")

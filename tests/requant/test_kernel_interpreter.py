@@ -1,4 +1,4 @@
-"""The Triton requant against backends.reference, bit for bit, in Triton's interpreter on CPU.
+"""The Triton requant against hal.backends.reference, bit for bit, in Triton's interpreter on CPU.
 Small payloads: the interpreter runs every program in numpy."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 import torch
+from hal.backends.reference.ops import requant_fp8
 
-from backends.reference.ops import requant_fp8
 from hal.caps import GpuCaps, GpuFeatures
 from hal.synth import random_masked_inputs
 from hal.testing import assert_masked_rows
@@ -26,7 +26,7 @@ MASKS = {
 
 
 def run(x, scale, masked_m, poisoned, dtype=torch.float8_e4m3fn, output_scale=OUTPUT_SCALE, **kw):
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     s_out = torch.tensor([output_scale])
     out = fp8_per_token_to_per_tensor(x, scale, masked_m, s_out, poisoned(x, dtype), **kw)
@@ -46,7 +46,7 @@ def test_tuned_and_legacy_match_the_reference(layout, mask, hidden, poisoned):
 
 
 def test_every_launch_geometry_writes_the_same_bytes(poisoned):
-    from backends.requant.geometry import RequantGeometry
+    from hal.backends.requant.geometry import RequantGeometry
 
     x, scale, masked_m = random_masked_inputs(4, 1152, 9, [9, 0, 2, 5], seed=7)
     for g_block, m_grid, row_cap in itertools.product((1, 2, 8, 16), (1, 3, 4), (0, 1, 3, 9)):
@@ -56,7 +56,7 @@ def test_every_launch_geometry_writes_the_same_bytes(poisoned):
 
 
 def test_cache_hints_and_row_pairs_write_the_same_bytes(poisoned):
-    from backends.requant.geometry import RequantGeometry
+    from hal.backends.requant.geometry import RequantGeometry
 
     x, scale, masked_m = random_masked_inputs(4, 1152, 9, [9, 0, 2, 5], seed=8)
     for streaming, paired in itertools.product((False, True), (False, True)):

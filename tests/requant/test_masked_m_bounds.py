@@ -5,13 +5,13 @@ that moved rows into the next expert shows against the reference. Triton's inter
 
 from __future__ import annotations
 
+import hal.backends.requant as requant
 import pytest
 import torch
+from hal.backends.reference import backend as reference
+from hal.backends.reference.ops import requant_fp8
+from hal.backends.requant.geometry import RequantGeometry
 
-import backends.requant as requant
-from backends.reference import backend as reference
-from backends.reference.ops import requant_fp8
-from backends.requant.geometry import RequantGeometry
 from hal.backend import Target
 from hal.caps import Caps
 from hal.spec import MoESpec
@@ -49,7 +49,7 @@ def clamped(counts) -> torch.Tensor:
 @pytest.mark.parametrize("launch", [("tuned", None), (RequantGeometry(1, 2, 1), None), ("legacy", None)],
                          ids=["tuned", "tuned-second-phase", "legacy"])
 def test_requant_clamps_masked_m(counts, launch, poisoned):
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     live = clamped(counts)
     x, scale, _ = random_masked_inputs(E, HIDDEN, MAX_M, live.tolist(), seed=3, scale_layout="row")
@@ -68,7 +68,7 @@ def test_requant_clamps_masked_m(counts, launch, poisoned):
 
 
 def test_check_true_names_masked_m(poisoned):
-    from backends.requant.op import fp8_per_token_to_per_tensor
+    from hal.backends.requant.op import fp8_per_token_to_per_tensor
 
     x, scale, _ = random_masked_inputs(E, HIDDEN, MAX_M, [1, 1, 1, 1], seed=4)
     for counts in BAD_COUNTS.values():

@@ -16,11 +16,11 @@ import sys
 import tempfile
 
 import triton
+from hal.backends.triton_moe import backend, configs
+from hal.backends.triton_moe.gemm import moe_gemm_kernel
 from triton.backends.compiler import GPUTarget
 
 import hal
-from backends.triton_moe import backend, configs
-from backends.triton_moe.gemm import moe_gemm_kernel
 from hal import presets
 from hal.backend import Target
 from hal.testing.triton_aot import ast_source

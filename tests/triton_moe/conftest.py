@@ -6,14 +6,14 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops
 
-from backends.reference import ops
 from hal.synth import random_expert_map, random_weights
 from hal.testing.triton_interpreter import fp8_casts_through_torch
 
 
 def _oracle(spec, x, topk_weights, topk_ids, weights) -> torch.Tensor:
-    """backends.reference in float64: dropped (-1) routes add nothing there too."""
+    """hal.backends.reference in float64: dropped (-1) routes add nothing there too."""
     return ops.moe_tokens(spec, x, topk_weights, topk_ids, weights, compute_dtype=torch.float64)
 
 

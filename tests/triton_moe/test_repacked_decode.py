@@ -16,9 +16,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
-from backends.reference import dequant
-from backends.triton_moe import int4_repacked, mxfp4_repacked, repacked_step
+from hal.backends.reference import dequant
+from hal.backends.triton_moe import int4_repacked, mxfp4_repacked, repacked_step
 
 N, K = 24, 352  # 2.75 steps of 128
 EXPONENTS = (0, 1, 100, 119, 127, 128, 129, 200, 250)  # 6 x 2^(250 - 127) is within bf16's range

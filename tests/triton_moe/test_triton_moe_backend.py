@@ -7,9 +7,9 @@ import math
 
 import attrs
 import pytest
+from hal.backends.triton_moe import backend, configs
 
 import hal
-from backends.triton_moe import backend, configs
 from hal import presets
 from hal.backend import Target
 from hal.caps import GpuCaps
@@ -169,7 +169,7 @@ def test_fp8_default_is_w8a8x2_up_to_64_row_blocks_on_wgmma_gpus(profile):
 def test_w8a8_asked_for_keeps_the_gemv_for_few_routes():
     """deepseek-v3's EP rank at 1 token: the w8a16 GEMV (measured faster than w8a8 there); from 8
     tokens w8a8 with the input quantized in the grouping launch (4 launches)."""
-    from backends.triton_moe.kernel import TritonMoEKernel
+    from hal.backends.triton_moe.kernel import TritonMoEKernel
 
     ep_rank = presets.get("deepseek-v3").spec("fp8_block128", num_local_experts=32)
     kernel = TritonMoEKernel(ep_rank, target("h200"), fp8_act=True)
@@ -290,7 +290,7 @@ def test_fp8_act_on_request_needs_fp8_tensor_cores():
 
 
 def test_plan_describes_the_call():
-    from backends.triton_moe.kernel import TritonMoEKernel
+    from hal.backends.triton_moe.kernel import TritonMoEKernel
 
     kernel = TritonMoEKernel(spec("fp8_block128"), target("h200"))
     text = kernel.plan(4096).describe()

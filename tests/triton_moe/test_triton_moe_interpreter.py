@@ -9,12 +9,12 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import activation, dequant
+from hal.backends.triton_moe import configs
+from hal.backends.triton_moe import kernel as kernel_module
+from hal.backends.triton_moe.kernel import TritonMoEKernel
 
 import hal
-from backends.reference import activation, dequant
-from backends.triton_moe import configs
-from backends.triton_moe import kernel as kernel_module
-from backends.triton_moe.kernel import TritonMoEKernel
 from hal import presets
 from hal.backend import Target
 from hal.synth import random_expert_map, random_routing, random_tokens

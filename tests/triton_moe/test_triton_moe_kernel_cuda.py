@@ -10,10 +10,10 @@ import functools
 import attrs
 import pytest
 import torch
+from hal.backends.reference import activation, dequant
+from hal.backends.triton_moe.kernel import TritonMoEKernel
 
 import hal
-from backends.reference import activation, dequant
-from backends.triton_moe.kernel import TritonMoEKernel
 from hal.backend import Target
 from hal.bench.timing import capture_graph
 from hal.synth import random_routing, random_tokens

@@ -12,9 +12,9 @@ import sys
 
 import triton
 import triton.language as tl
+from hal.backends.w4afp8 import configs, layer, triton_decode, triton_kernels, triton_planes
 from triton.backends.compiler import GPUTarget
 
-from backends.w4afp8 import configs, layer, triton_decode, triton_kernels, triton_planes
 from hal.testing.triton_aot import ast_source
 
 MAXNREG = re.compile(r"\.maxnreg (\d+)")

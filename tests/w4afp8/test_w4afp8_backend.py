@@ -6,11 +6,11 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import backend as reference
+from hal.backends.requant import backend as requant
+from hal.backends.w4afp8 import backend
 
 import hal
-from backends.reference import backend as reference
-from backends.requant import backend as requant
-from backends.w4afp8 import backend
 from hal.backend import Target
 from hal.caps import Caps, GpuCaps, GpuFeatures
 from hal.spec import MoESpec, RequantSpec
@@ -177,7 +177,8 @@ def test_plans_say_which_feed_runs_and_why():
 
 def test_bad_arguments_name_what_is_wrong():
     pytest.importorskip("triton")
-    from backends.w4afp8.kernel import W4AFp8MaskedKernel
+    from hal.backends.w4afp8.kernel import W4AFp8MaskedKernel
+
     from hal.synth import random_masked_inputs, random_weights
 
     with pytest.raises(ValueError, match="variant='fast'"):

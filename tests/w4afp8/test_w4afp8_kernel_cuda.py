@@ -6,8 +6,8 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import ops
 
-from backends.reference import ops
 from hal.spec import MoESpec
 from hal.synth import random_expert_map, random_masked_inputs, random_weights
 from hal.testing import ACCURACY, is_poison, poison, rel_err
@@ -31,8 +31,9 @@ def target():
         import triton  # noqa: F401
     except ImportError as exc:  # the real cause: no Triton, or a module it needs (numpy)
         pytest.skip(f"Triton cannot be imported: {exc}")
+    from hal.backends.w4afp8 import backend
+
     import hal
-    from backends.w4afp8 import backend
     from hal.backend import Target
 
     device = f"cuda:{torch.cuda.current_device()}"
@@ -51,7 +52,7 @@ def spec_of(experts, activation="silu", **shape):
 
 
 def kernels(spec, target):
-    from backends.w4afp8 import backend
+    from hal.backends.w4afp8 import backend
 
     default = backend.build(spec, target)
     return {default.variant: default, **default.baselines()}

@@ -1,5 +1,5 @@
 """The w4afp8 Triton kernels in Triton's interpreter on CPU, against the float64 oracle
-(backends.reference.ops). The MMA runs in fp32 here (the interpreter has no FP8 MMA) on the same
+(hal.backends.reference.ops). The MMA runs in fp32 here (the interpreter has no FP8 MMA) on the same
 FP8 and int4 values; tiny shapes, because the interpreter runs every program in numpy."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from hal.backends.reference import dequant, ops
 
-from backends.reference import dequant, ops
 from hal.backend import Target
 from hal.caps import Caps
 from hal.spec import MoESpec
@@ -33,7 +33,7 @@ def spec_of(activation="silu", hidden=H, inter=I, experts=E):
 
 
 def build(spec, variant="fused"):
-    from backends.w4afp8.kernel import W4AFp8MaskedKernel
+    from hal.backends.w4afp8.kernel import W4AFp8MaskedKernel
 
     return W4AFp8MaskedKernel(spec, CPU, variant)
 
@@ -131,7 +131,7 @@ def test_masked_m_above_max_m_stays_inside_the_buffer_without_check():
 
 def _int4_weights(spec, seed):
     weights = random_weights(spec, seed=seed)
-    from backends.w4afp8 import layer
+    from hal.backends.w4afp8 import layer
 
     return weights, layer.prepare(spec, weights, torch.device("cpu"))
 
@@ -152,7 +152,7 @@ def test_gemm2_unpacks_nibbles_and_scales_each_group(fp8, path, split_k):
     nibble out of order, a scale on the wrong group or a K split summed twice is far off.
     Expert 0's 21 rows span two 16-row m-blocks walked by one m-program: K is split on the first
     only."""
-    from backends.w4afp8 import configs, layer
+    from hal.backends.w4afp8 import configs, layer
 
     spec = spec_of(inter=512)
     weights, data = _int4_weights(spec, seed=12)
@@ -181,7 +181,7 @@ def test_gemm1_writes_the_contracts_fp8_within_one_step(path, split_k):
     """GEMM 1's FP8 output against the oracle's GEMM 1 + activation + requant: the fp32 kernel and
     the float64 oracle may round an activation onto neighbouring FP8 values, never further apart.
     Expert 0's 20 rows span two m-blocks of one m-program (K split on the first only)."""
-    from backends.w4afp8 import configs, layer
+    from hal.backends.w4afp8 import configs, layer
 
     spec = spec_of(hidden=512)
     weights, data = _int4_weights(spec, seed=13)
@@ -210,7 +210,7 @@ def test_gemm1_writes_the_contracts_fp8_within_one_step(path, split_k):
 def test_in_register_requant_rounds_like_torch():
     """The fused feed's rounding point against the requant op's torch contract, on values that
     saturate (|x * s| up to ~ 9 with s13 = 2 / 448) and values near FP8 boundaries."""
-    from backends.w4afp8 import configs, layer
+    from hal.backends.w4afp8 import configs, layer
 
     spec = spec_of(activation="relu2", experts=2)
     weights, data = _int4_weights(spec, seed=15)
@@ -229,7 +229,7 @@ def test_in_register_requant_rounds_like_torch():
 def test_fold_shift_keeps_every_folded_weight_an_exact_fp16():
     """The power of two puts every nonzero scale in [2^-14, 2^12] (so (q - 8) * s * 2^c is a normal
     fp16 below 2^15 with at most 11 significant bits); scales spanning more than that cannot fold."""
-    from backends.w4afp8 import layer
+    from hal.backends.w4afp8 import layer
 
     uniform = torch.rand(64, generator=torch.Generator().manual_seed(1))
     for top in (3e-3, 1.0, 7e4, 2.0**-30):
@@ -252,7 +252,7 @@ def test_folded_layer_both_feeds_match_the_oracle_and_each_other(magnitude):
     """The folded path whole: w4afp8's requant launch writing fp16 (or the fused feed), GEMM 1 with
     the scales folded into fp16 weights, h in fp16, GEMM 2, against the float64 oracle; weight
     scales near 2^-20 need the power-of-two shift to stay normal fp16."""
-    from backends.w4afp8 import configs, layer
+    from hal.backends.w4afp8 import configs, layer
 
     spec = spec_of()
     weights = random_weights(spec, seed=21)
