@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Optional
 
+import attrs
 import torch
 
 from backends.reference import activation, dequant
@@ -27,6 +28,12 @@ def checkpoint_experts(spec: MoESpec, weights, dtype) -> ExpertWeights:
                 b13, b2)
 
     return get
+
+
+def beside_experts(weights):
+    """What these ops read from the weights when the caller passes `experts`: expert_map and the
+    input scales, without the experts' tensors (a kernel keeps these, not a second checkpoint)."""
+    return attrs.evolve(weights, w13=None, w2=None, w13_scale=None, w2_scale=None, b13=None, b2=None)
 
 
 def ffn(spec: MoESpec, x: torch.Tensor, expert: tuple) -> torch.Tensor:

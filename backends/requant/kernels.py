@@ -58,7 +58,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         dtype = torch.bfloat16
         w13 = dequant.w13(self.spec, weights, torch.float32).to(dtype)
         w2 = dequant.w2(self.spec, weights, torch.float32).to(dtype)
-        return dict(weights=weights, w13=w13, w2=w2, input_scale=scale)
+        return dict(weights=ops.beside_experts(weights), w13=w13, w2=w2, input_scale=scale)
 
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
         per_tensor = fp8_per_token_to_per_tensor(x, x_scale, masked_m, data["input_scale"],

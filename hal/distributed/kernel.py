@@ -99,6 +99,7 @@ class ExpertParallelKernel(KernelBase):
 
     def _validator(self, x, topk_weights, topk_ids, prepared, out):
         def validate():
+            self._check_autograd(out, x=x, topk_weights=topk_weights)
             self._check_prepared(prepared)
             ids = topk_ids
             if isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64):
