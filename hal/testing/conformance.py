@@ -295,6 +295,24 @@ def test_moe_prepared_owns_its_weights(case):
     assert_same_bits(before, kernel(x, tw, ti, prepared))
 
 
+TRACED = ("Triton's interpreter runs kernels in Python, where Dynamo would trace the interpreter "
+          "itself: torch.compile is checked on a GPU")
+
+
+@conformance("moe")
+def test_moe_under_torch_compile(case):
+    """torch.compile(fullgraph=False) of a function that calls the kernel traces it (every compiled
+    op has a fake kernel), runs, and gives the eager output bit for bit."""
+    if case.interpreted:
+        pytest.skip(f"{case.backend}: {TRACED}")
+    b = harness.built(case)
+    x, tw, ti = harness.token_inputs(case.spec, 13, case.device, seed=24)
+    eager = b.kernel(x, tw, ti, b.prepared)
+    torch._dynamo.reset()  # a fresh trace per case: the cache of recompiles is bounded
+    compiled = torch.compile(lambda x, tw, ti: b.kernel(x, tw, ti, b.prepared), backend="aot_eager")
+    assert_same_bits(eager, compiled(x, tw, ti))
+
+
 # Gradients in the activation dtype pass through both GEMMs twice (relu2 squares on the way): a
 # looser bound than the forward's, which still tells a gradient from a missing or wrong one.
 GRAD_ACCURACY = 5e-2
