@@ -4,7 +4,10 @@ an op takes no fake kernel, and tracing it runs the C++ kernel on tensors withou
 op a kernel calls gets a twin with the same schema in the namespace `<namespace>_traced`: its
 implementation calls the C++ op, its fake kernel (given by the backend) returns outputs of the
 right shapes and dtypes without computing. A kernel calls the twin only while torch.compile
-traces it (torch.compiler.is_compiling()); eager calls go straight to the C++ op."""
+traces it (torch.compiler.is_compiling()); eager calls go straight to the C++ op.
+
+Triton kernels' launch code (configs, grids and launches built as Python objects per call) is
+beyond Dynamo; `between_graphs` has torch.compile run it eagerly between two graphs instead."""
 
 from __future__ import annotations
 
@@ -38,3 +41,11 @@ def _forward(original):
     def call(*args):
         return original(*args)
     return call
+
+
+def between_graphs(run):
+    """`run` (a kernel's _run) called eagerly under torch.compile, as a graph break, rather than
+    traced."""
+    import torch
+
+    return torch.compiler.disable(run, reason="moe-hal: the kernel's Triton launch code runs eagerly")

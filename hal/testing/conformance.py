@@ -295,16 +295,12 @@ def test_moe_prepared_owns_its_weights(case):
     assert_same_bits(before, kernel(x, tw, ti, prepared))
 
 
-TRACED = ("Triton's interpreter runs kernels in Python, where Dynamo would trace the interpreter "
-          "itself: torch.compile is checked on a GPU")
-
-
 @conformance("moe")
 def test_moe_under_torch_compile(case):
     """torch.compile(fullgraph=False) of a function that calls the kernel traces it (every compiled
-    op has a fake kernel), runs, and gives the eager output bit for bit."""
-    if case.interpreted:
-        pytest.skip(f"{case.backend}: {TRACED}")
+    op has a fake kernel; Triton launch code runs between graphs), runs, and gives the eager output
+    bit for bit."""
+    skip_values_if_interpreted(case)
     b = harness.built(case)
     x, tw, ti = harness.token_inputs(case.spec, 13, case.device, seed=24)
     eager = b.kernel(x, tw, ti, b.prepared)
@@ -439,6 +435,21 @@ def test_masked_prepared_owns_its_weights(case):
 
 
 @conformance("moe_masked")
+def test_masked_under_torch_compile(case):
+    """As test_moe_under_torch_compile, for the masked layout."""
+    b = harness.built(case)
+    x, x_scale, masked_m = _masked_inputs(case, seed=37)
+
+    def call(x, x_scale, masked_m):
+        out = torch.zeros(x.shape, dtype=torch.bfloat16, device=x.device)
+        return b.kernel(x, x_scale, masked_m, b.prepared, out=out)
+
+    eager = call(x, x_scale, masked_m)
+    torch._dynamo.reset()
+    assert_same_bits(eager, torch.compile(call, backend="aot_eager")(x, x_scale, masked_m))
+
+
+@conformance("moe_masked")
 def test_masked_autograd(case):
     """Every masked kernel is inference-only: with grad mode on, an x_scale or out= that requires
     grad is a ValueError naming it; under torch.no_grad() the same x_scale is accepted."""
@@ -544,6 +555,21 @@ def test_requant_plan(case):
     b = harness.built(case)
     assert_same_plan(b.kernel.plan(REQUANT_MAX_M, expected_rows=2),
                      b.kernel.plan(REQUANT_MAX_M, expected_rows=2))
+
+
+@conformance("requant")
+def test_requant_under_torch_compile(case):
+    """As test_moe_under_torch_compile, for requant."""
+    b = harness.built(case)
+    x, x_scale, masked_m, s_out = _requant_inputs(case, seed=45)
+
+    def call(x, x_scale, masked_m, s_out):
+        out = torch.zeros(x.shape, dtype=b.kernel.fp8_dtype, device=x.device)
+        return b.kernel(x, x_scale, masked_m, s_out, out=out)
+
+    eager = call(x, x_scale, masked_m, s_out)
+    torch._dynamo.reset()
+    assert_same_bits(eager, torch.compile(call, backend="aot_eager")(x, x_scale, masked_m, s_out))
 
 
 @conformance("requant")
