@@ -135,7 +135,7 @@ def _route_fake(topk_ids, expert_map, num_experts, block_m):
     import torch
 
     routes = topk_ids.numel()
-    max_blocks = (routes + block_m - 1) // block_m + min(num_experts, routes)
+    max_blocks = (routes + block_m - 1) // block_m + torch.sym_min(num_experts, routes)
     new = lambda *shape: topk_ids.new_empty(shape, dtype=torch.int32)  # noqa: E731
     return new(max_blocks * block_m), new(max_blocks), new(1), new(routes)
 
