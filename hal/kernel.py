@@ -82,13 +82,15 @@ class KernelBase:
                              "not record; pass out=None or a tensor that does not require grad")
         if self.differentiable:
             return
+        # Only the token layout has a backend that records autograd to point at.
+        differentiable = (" or select backend 'reference' (prefer=\"reference\"), which propagates "
+                          "gradients") if self.op == "moe" else ""
         for name, value in inputs.items():
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 raise ValueError(
-                    f"{name} requires grad: the {self.backend} kernels are inference-only and would "
-                    "drop its gradient; call under torch.no_grad() or torch.inference_mode(), pass "
-                    f"{name}.detach(), or select backend 'reference' (prefer=\"reference\"), which "
-                    "propagates gradients")
+                    f"{name} requires grad: the {self.backend} {self.op} kernels are inference-only "
+                    "and would drop its gradient; call under torch.no_grad() or "
+                    f"torch.inference_mode(), pass {name}.detach(){differentiable}")
 
     def _check_prepared(self, prepared) -> None:
         """Every kernel that takes weights (the MoE templates, the expert-parallel kernel) accepts

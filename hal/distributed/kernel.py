@@ -44,6 +44,8 @@ class ExpertParallelKernel(KernelBase):
     """One rank's share of an expert-parallel layer: its local kernel, its experts (by the group's
     assignment) and the group. Built by hal.select_moe_kernel(spec, device, group=...)."""
 
+    op = "moe"
+
     def __init__(self, spec: MoESpec, comm: Comm, local):
         super().__init__(spec, local.target)
         self.comm = comm
