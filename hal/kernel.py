@@ -33,6 +33,7 @@ from hal.inputs import (
     require,
 )
 from hal.live import refine
+from hal.owned import owned
 from hal.spec import MoESpec, MoEWeights
 
 
@@ -88,6 +89,7 @@ class KernelBase:
     backend: str = "?"
     variant: str = "default"  # a baseline variant (hal bench) overrides this
     op: str = "?"  # the hal.ops name the template serves
+    differentiable: bool = False  # whether a call records autograd on its inputs
 
     def __init__(self, spec, target: Target):
         self.spec = spec
@@ -103,6 +105,27 @@ class KernelBase:
         if gpu is not None and gpu.features.fp8 == "fnuz":
             return torch.float8_e4m3fnuz
         return torch.float8_e4m3fn
+
+    def _check_autograd(self, out, **inputs) -> None:
+        """With grad mode on, a tensor that requires grad is refused rather than silently cut off
+        from its graph: out= always (it is written in place), inputs unless the kernel records
+        autograd (only the reference backend's token kernel does)."""
+        if not torch.is_grad_enabled():
+            return
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            raise ValueError("out requires grad: the kernel writes it in place, which autograd does "
+                             "not record; pass out=None or a tensor that does not require grad")
+        if self.differentiable:
+            return
+        # Only the token layout has a backend that records autograd to point at.
+        differentiable = (" or select backend 'reference' (prefer=\"reference\"), which propagates "
+                          "gradients") if self.op == "moe" else ""
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise ValueError(
+                    f"{name} requires grad: the {self.backend} {self.op} kernels are inference-only "
+                    "and would drop its gradient; call under torch.no_grad() or "
+                    f"torch.inference_mode(), pass {name}.detach(){differentiable}")
 
     def _check_prepared(self, prepared) -> None:
         """Every kernel that takes weights (the MoE templates, the expert-parallel kernel) accepts
@@ -133,12 +156,18 @@ class _WeightsKernel(KernelBase):
     """The MoE templates: weights are checked against the spec and repacked once."""
 
     def prepare_weights(self, weights: MoEWeights) -> Prepared:
+        """The weights repacked for this kernel. The result owns its memory: the caller may reuse
+        or overwrite every tensor of `weights` afterwards (hal.owned)."""
         if not isinstance(weights, MoEWeights):
             raise ValueError(f"weights must be hal.MoEWeights, got {type(weights).__name__}")
+        sources = [getattr(weights, field.name) for field in attrs.fields(MoEWeights)]
+        if isinstance(weights.expert_map, torch.Tensor):
+            # Checked as kept: a caller's later edit cannot slip a duplicate id past validation.
+            weights = attrs.evolve(weights, expert_map=weights.expert_map.clone())
         weights.validate(self.spec)
         if weights.w13.device != self.device:
             raise ValueError(f"weights are on {weights.w13.device}: expected {self.device}")
-        return Prepared(self.backend, self.spec, self._prepare(weights))
+        return Prepared(self.backend, self.spec, owned(self._prepare(weights), sources))
 
     def _prepare(self, weights: MoEWeights):
         raise NotImplementedError
@@ -152,6 +181,7 @@ class MoEKernel(_WeightsKernel):
 
     def __call__(self, x, topk_weights, topk_ids, prepared: Prepared, out: Optional[torch.Tensor] = None,
                  *, check: bool = True):
+        self._check_autograd(out, x=x, topk_weights=topk_weights)
         if check:
             self._check_prepared(prepared)
             check_token_inputs(self.spec, self.device, x, topk_weights, topk_ids, out)
@@ -189,6 +219,7 @@ class MaskedMoEKernel(_WeightsKernel):
     def __call__(self, x, x_scale, masked_m, prepared: Prepared, expected_rows: Optional[int] = None,
                  out: Optional[torch.Tensor] = None, *, check: bool = True):
         spec: MoESpec = self.spec
+        self._check_autograd(out, x=x, x_scale=x_scale)
         if check:
             self._check_prepared(prepared)
             check_masked_inputs(spec.local_experts, spec.hidden_size, self.device, x, x_scale,
@@ -238,6 +269,7 @@ class RequantKernel(KernelBase):
 
     def __call__(self, x, x_scale, masked_m, output_scale, out=None, expected_rows=None, *,
                  check: bool = True):
+        self._check_autograd(out, x=x, x_scale=x_scale, output_scale=output_scale)
         if check:
             check_masked_inputs(self.spec.num_experts, self.spec.hidden_size, self.device, x,
                                 x_scale, masked_m, expected_rows)

@@ -47,3 +47,31 @@ def ops(isa: str, sanitizer: Optional[str] = None):
     scratch.register(f"cpu_brgemm {isa}" + (f" {sanitizer}" if sanitizer else ""), built.release_scratch,
                      built.scratch_bytes)
     return built
+
+
+@functools.cache
+def traced_ops(isa: str, sanitizer: Optional[str] = None):
+    """The twins of fused_moe and route_plan that torch.compile traces (hal.traceable)."""
+    from hal import traceable
+
+    return traceable.twins(ops(isa, sanitizer).name, FAKES)
+
+
+# Fake kernels of the tensor ops, for torch.compile. brgemm_packs_bf16 and isa_name take and return
+# no tensor: tracing runs them as they are.
+def _fused_moe_fake(x, topk_weights, topk_ids, expert_map, w13, w13_scale, w2, w2_scale, b13, b2,
+                    out, weight_format, activation, swiglu_alpha, swiglu_limit, policy_index,
+                    brgemm_supported, max_chunk_tokens) -> None:
+    """Writes out in place (declared Tensor(a!)) and returns nothing."""
+
+
+def _route_plan_fake(topk_ids, expert_map, local_experts, policy_index, brgemm_supported,
+                     max_chunk_tokens):
+    """int32 [blocks, 6]: the block count depends on the ids' values."""
+    import torch
+
+    blocks = torch.library.get_ctx().new_dynamic_size()
+    return topk_ids.new_empty((blocks, 6), dtype=torch.int32)
+
+
+FAKES = {"fused_moe": _fused_moe_fake, "route_plan": _route_plan_fake}

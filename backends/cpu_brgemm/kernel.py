@@ -60,15 +60,21 @@ class CpuBrgemmKernel(MoEKernel):
         return self._brgemm_supported
 
     @property
-    def _planner_ops(self):
+    def _planner_isa(self) -> str:
         """route_plan does not depend on the ISA, so a plan for a recorded profile runs on the
         build this machine executes, never on one whose instructions it may lack."""
         if self.target.caps.profile is None:
-            return self.ops
+            return self.isa
         host_isa = isa_for(live.host_cpu().cpu)
         if host_isa is None:
             raise ValueError("this CPU has neither AVX-512-BF16 nor AVX2+FMA: the planner cannot run")
-        return extension.ops(host_isa)
+        return host_isa
+
+    @property
+    def _planner_ops(self):
+        if torch.compiler.is_compiling():
+            return extension.traced_ops(self._planner_isa)
+        return self.ops if self.target.caps.profile is None else extension.ops(self._planner_isa)
 
     @functools.cached_property
     def max_chunk_tokens(self) -> int:
@@ -112,17 +118,20 @@ class CpuBrgemmKernel(MoEKernel):
 
     @functools.cached_property
     def _fused_moe(self):
-        """The op and its per-kernel arguments, looked up once: a decode call runs on caches the
-        previous layer's work has evicted, where each lookup on the way to the op is a miss."""
+        """The op, its twin for torch.compile (hal.traceable) and its per-kernel arguments, looked
+        up once: a decode call runs on caches the previous layer's work has evicted, where each
+        lookup on the way to the op is a miss."""
         self._check_host()
         spec = self.spec
-        return self.ops.fused_moe, (
+        return self.ops.fused_moe, extension.traced_ops(self.isa).fused_moe, (
             FORMAT_CODES[spec.weight_format], ACTIVATION_CODES[spec.activation], float(spec.swiglu_alpha),
             float(spec.swiglu_limit), POLICIES.index(self.policy), self.brgemm_supported,
             self.max_chunk_tokens)
 
     def _run(self, x, topk_weights, topk_ids, data, out) -> None:
-        op, constants = self._fused_moe
+        op, traced, constants = self._fused_moe
+        if torch.compiler.is_compiling():
+            op = traced
         op(x, topk_weights, topk_ids, data.expert_map, data.w13, data.w13_scale, data.w2, data.w2_scale,
            data.b13, data.b2, out, *constants)
 

@@ -125,3 +125,23 @@ def compile_ops(spec: Specialization):
     namespace = jit.build("marlin_moe", SOURCES, defines=spec.defines(),
                           extra_cuda_cflags=spec.cuda_flags(), cuda=True)
     return getattr(torch.ops, namespace)
+
+
+# Fake kernels of the ops that take tensors, for torch.compile's twins (hal.traceable);
+# kernel_attributes takes none and is read once, outside any traced call.
+def _route_fake(topk_ids, expert_map, num_experts, block_m):
+    """(sorted routes, block -> expert, block count, route -> expert), int32, sized for the most
+    blocks the routes can make (the C++ max_blocks_for)."""
+    import torch
+
+    routes = topk_ids.numel()
+    max_blocks = (routes + block_m - 1) // block_m + torch.sym_min(num_experts, routes)
+    new = lambda *shape: topk_ids.new_empty(shape, dtype=torch.int32)  # noqa: E731
+    return new(max_blocks * block_m), new(max_blocks), new(1), new(routes)
+
+
+def _writes_in_place_fake(*args) -> None:
+    """gemm and moe write their declared Tensor(a!) argument and return nothing."""
+
+
+FAKES = {"route": _route_fake, "gemm": _writes_in_place_fake, "moe": _writes_in_place_fake}

@@ -12,6 +12,7 @@ import torch
 from hal.backends.marlin import build, configs, repack
 from hal.backends.marlin.plan import MarlinPlan
 
+from hal import traceable
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
 
@@ -57,6 +58,7 @@ class MarlinMoEKernel(MoEKernel):
                                                    spec.has_bias or runtime_branch, arch)
         self._lock = threading.Lock()
         self._ops = None
+        self._traced_ops = None  # the ops' twins for torch.compile (hal.traceable)
         self._attrs: Optional[dict] = None
         self._gpu: Optional[GpuCaps] = None
         self._choices: dict = {}
@@ -87,6 +89,7 @@ class MarlinMoEKernel(MoEKernel):
                     raise RuntimeError(f"marlin: {stale}; clear HAL_CACHE_DIR and rebuild")
                 self._attrs = configs.attrs_table(rows)
                 self._gpu = self.target.gpu  # hal.live filled the runtime's occupancy fields
+                self._traced_ops = traceable.twins(ops.name, build.FAKES)
                 self._ops = ops
         return self._ops
 
@@ -148,6 +151,8 @@ class MarlinMoEKernel(MoEKernel):
     def _run(self, x, topk_weights, topk_ids, data: MarlinWeights, out) -> None:
         spec = self.spec
         ops = self.loaded_ops()
+        if torch.compiler.is_compiling():
+            ops = self._traced_ops
         choice = self._choice(x.shape[0])
         weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
         ops.moe(x, weights.contiguous(), topk_ids.contiguous(), data.w13, data.s13, data.w2, data.s2,

@@ -39,7 +39,7 @@ def _dequantized_experts(kernel, weights):
     w2 = dequant.w2(kernel.spec, weights, torch.float32).to(dtype)
     b13 = None if weights.b13 is None else weights.b13.to(torch.float32)
     b2 = None if weights.b2 is None else weights.b2.to(torch.float32)
-    return dict(w13=w13, w2=w2, b13=b13, b2=b2, weights=weights)
+    return dict(w13=w13, w2=w2, b13=b13, b2=b2, weights=ops.beside_experts(weights))
 
 
 def _lookup(data):
@@ -52,6 +52,7 @@ def _lookup(data):
 
 class ReferenceMoEKernel(MoEKernel):
     backend = NAME
+    differentiable = True  # torch ops throughout: gradients reach x and topk_weights
 
     def _prepare(self, weights):
         return _dequantized_experts(self, weights)

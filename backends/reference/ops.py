@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Optional
 
+import attrs
 import torch
 from hal.backends.reference import activation, dequant
 
@@ -44,6 +45,12 @@ def fp8_groups(values: torch.Tensor) -> torch.Tensor:
     scale = groups.abs().amax(-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / limit
     q = (groups / scale).clamp(-limit, limit).to(torch.float8_e4m3fn)
     return (q.to(values.dtype) * scale.to(values.dtype)).view(rows, -1)[:, :cols]
+
+
+def beside_experts(weights):
+    """What these ops read from the weights when the caller passes `experts`: expert_map and the
+    input scales, without the experts' tensors (a kernel keeps these, not a second checkpoint)."""
+    return attrs.evolve(weights, w13=None, w2=None, w13_scale=None, w2_scale=None, b13=None, b2=None)
 
 
 def ffn(spec: MoESpec, x: torch.Tensor, expert: tuple) -> torch.Tensor:

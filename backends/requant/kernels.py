@@ -11,6 +11,7 @@ from hal.backends.requant.device import device_traits
 from hal.backends.requant.op import GEOMETRIES, fp8_per_token_to_per_tensor
 from hal.backends.requant.plan import MaskedMoEPlan, requant_plan
 
+from hal import traceable
 from hal.kernel import MaskedMoEKernel, RequantKernel
 
 NAME = "requant"
@@ -31,6 +32,7 @@ class RequantTritonKernel(RequantKernel):
             return {}
         return {"legacy": RequantTritonKernel(self.spec, self.target, "legacy")}
 
+    @traceable.between_graphs
     def _run(self, x, x_scale, masked_m, output_scale, out, expected_rows) -> None:
         fp8_per_token_to_per_tensor(x, x_scale, masked_m, output_scale, out, expected_rows,
                                     geometry=self.variant, gpu=self.target.gpu, check=False)
@@ -58,8 +60,9 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         dtype = torch.bfloat16
         w13 = dequant.w13(self.spec, weights, torch.float32).to(dtype)
         w2 = dequant.w2(self.spec, weights, torch.float32).to(dtype)
-        return dict(weights=weights, w13=w13, w2=w2, input_scale=scale)
+        return dict(weights=ops.beside_experts(weights), w13=w13, w2=w2, input_scale=scale)
 
+    @traceable.between_graphs
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
         per_tensor = fp8_per_token_to_per_tensor(x, x_scale, masked_m, data["input_scale"],
                                                  expected_rows=expected_rows, gpu=self.target.gpu,

@@ -31,6 +31,7 @@ from hal.backends.triton_moe.routing import (
     sum_routes_kernel,
 )
 
+from hal import traceable
 from hal.backend import triton_interpreting
 from hal.caps import GpuCaps
 from hal.kernel import MoEKernel
@@ -307,6 +308,7 @@ class TritonMoEKernel(MoEKernel):
             PER_ROUTE=per_route, LOCAL_EXPERTS=spec.local_experts, HAS_MAP=has_map, GROUP_M=gemm.group_m,
             SPLIT_K=gemm.split_k, num_warps=gemm.num_warps, num_stages=gemm.num_stages)
 
+    @traceable.between_graphs
     def _run(self, x, topk_weights, topk_ids, data: TritonMoEWeights, out) -> None:
         for _, launch in self.launches(x, topk_weights, topk_ids, data, out).stages:
             launch()

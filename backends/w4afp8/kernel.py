@@ -22,6 +22,7 @@ import torch
 from hal.backends.w4afp8 import configs, layer
 from hal.backends.w4afp8.plan import W4AFp8Plan
 
+from hal import traceable
 from hal.kernel import MaskedMoEKernel
 
 NAME = "w4afp8"
@@ -91,6 +92,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
             tile = configs.gemm_tile(rows, vendor, wgmma, "per_group")
         return tile, configs.m_grid(max_m, expected_rows, tile.block_m, tile.path)
 
+    @traceable.between_graphs
     def _run(self, x, x_scale, masked_m, data, out, expected_rows):
         if x.dtype != self.fp8_dtype:
             raise ValueError(f"x has dtype {x.dtype}: expected {self.fp8_dtype}, the target's FP8")

@@ -44,6 +44,8 @@ class ExpertParallelKernel(KernelBase):
     """One rank's share of an expert-parallel layer: its local kernel, its experts (by the group's
     assignment) and the group. Built by hal.select_moe_kernel(spec, device, group=...)."""
 
+    op = "moe"
+
     def __init__(self, spec: MoESpec, comm: Comm, local):
         super().__init__(spec, local.target)
         self.comm = comm
@@ -99,6 +101,7 @@ class ExpertParallelKernel(KernelBase):
 
     def _validator(self, x, topk_weights, topk_ids, prepared, out):
         def validate():
+            self._check_autograd(out, x=x, topk_weights=topk_weights)
             self._check_prepared(prepared)
             ids = topk_ids
             if isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64):

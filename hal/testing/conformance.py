@@ -12,10 +12,13 @@ skipped with that reason when the backend says it runs in the interpreter."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
+from hal.spec import MoEWeights
 from hal.testing import harness
+from hal.testing.accuracy import rel_err
 from hal.testing.cases import Unavailable, cases_for, isolated_spec
 from hal.testing.known_failures import known_failure
 from hal.testing.poison import assert_masked_rows, is_poison, poison
@@ -257,6 +260,91 @@ def assert_same_plan(first, again) -> None:
         assert first == again, "plan() is not deterministic"
 
 
+def garble(weights) -> None:
+    """Overwrite every tensor of `weights` in place, as an engine reusing its staging buffers does:
+    random bytes everywhere but expert_map, which gets another valid map (rolled by one) so a kernel
+    still reading it computes other values without indexing out of bounds."""
+    g = torch.Generator().manual_seed(99)
+    for field in attrs.fields(MoEWeights):
+        t = getattr(weights, field.name)
+        if t is None:
+            continue
+        if field.name == "expert_map":
+            t.copy_(t.roll(1))
+            continue
+        raw = t.view(-1).view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, generator=g, dtype=torch.uint8).to(raw.device))
+
+
+def assert_same_bits(before, after) -> None:
+    assert torch.equal(before.view(torch.uint8), after.view(torch.uint8)), \
+        "the output changed when the caller overwrote the weights it had prepared"
+
+
+@conformance("moe")
+def test_moe_prepared_owns_its_weights(case):
+    """After prepare_weights, the caller overwrites every tensor it passed (weights, scales, biases,
+    expert_map): the output stays bit for bit what it was."""
+    skip_values_if_interpreted(case)
+    kernel = harness.built(case).kernel
+    weights = harness.weights_for(case.spec, case.device, seed=7)
+    prepared = kernel.prepare_weights(weights)
+    x, tw, ti = harness.token_inputs(case.spec, 9, case.device, seed=22)
+    before = kernel(x, tw, ti, prepared)
+    garble(weights)
+    assert_same_bits(before, kernel(x, tw, ti, prepared))
+
+
+@conformance("moe")
+def test_moe_under_torch_compile(case):
+    """torch.compile(fullgraph=False) of a function that calls the kernel traces it (every compiled
+    op has a fake kernel; Triton launch code runs between graphs), runs, and gives the eager output
+    bit for bit."""
+    skip_values_if_interpreted(case)
+    b = harness.built(case)
+    x, tw, ti = harness.token_inputs(case.spec, 13, case.device, seed=24)
+    eager = b.kernel(x, tw, ti, b.prepared)
+    torch._dynamo.reset()  # a fresh trace per case: the cache of recompiles is bounded
+    compiled = torch.compile(lambda x, tw, ti: b.kernel(x, tw, ti, b.prepared), backend="aot_eager")
+    assert_same_bits(eager, compiled(x, tw, ti))
+
+
+# Gradients in the activation dtype pass through both GEMMs twice (relu2 squares on the way): a
+# looser bound than the forward's, which still tells a gradient from a missing or wrong one.
+GRAD_ACCURACY = 5e-2
+
+
+def _grad_inputs(case):
+    x, tw, ti = harness.token_inputs(case.spec, 5, case.device, seed=25)
+    return x.requires_grad_(), tw.requires_grad_(), ti
+
+
+@conformance("moe")
+def test_moe_autograd(case):
+    """With grad mode on, an input that requires grad either gets its gradient (a kernel that
+    records autograd: the reference backend's) or is refused with a ValueError naming it and the
+    reference backend; never silently cut off. An out= that requires grad is refused everywhere."""
+    b = harness.built(case)
+    x, tw, ti = _grad_inputs(case)
+    if b.kernel.differentiable:
+        out = b.kernel(x, tw, ti, b.prepared)
+        x64, tw64 = x.detach().double().requires_grad_(), tw.detach().double().requires_grad_()
+        ref = harness.token_oracle(case.spec, x64, tw64, ti, b.weights)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(26)).to(out.device)
+        out.backward(grad.to(out.dtype))
+        ref.backward(grad.double())
+        for name, got, want in (("x", x.grad, x64.grad), ("topk_weights", tw.grad, tw64.grad)):
+            err = rel_err(got, want)
+            assert err <= GRAD_ACCURACY, f"{name}.grad: ||grad - ref|| / ||ref|| = {err:.3e}"
+    else:
+        for name, args in (("x", (x, tw.detach())), ("topk_weights", (x.detach(), tw))):
+            with pytest.raises(ValueError, match=rf"{name} requires grad.*inference-only.*'reference'"):
+                b.kernel(*args, ti, b.prepared)
+    out = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+    with pytest.raises(ValueError, match="out requires grad"):
+        b.kernel(x.detach(), tw.detach(), ti, b.prepared, out=out)
+
+
 # ---------------------------------------------------------------- masked layout ("moe_masked")
 
 MASKED_MAX_M = 16
@@ -330,6 +418,50 @@ def test_masked_plan(case):
     first = b.kernel.plan(masked_m, expected_rows=3, max_m=MASKED_MAX_M)
     again = b.kernel.plan(masked_m, expected_rows=3, max_m=MASKED_MAX_M)
     assert_same_plan(first, again)
+
+
+@conformance("moe_masked")
+def test_masked_prepared_owns_its_weights(case):
+    """As test_moe_prepared_owns_its_weights, for the masked layout (input scales included)."""
+    kernel = harness.built(case).kernel
+    weights = harness.weights_for(case.spec, case.device, seed=7)
+    prepared = kernel.prepare_weights(weights)
+    x, x_scale, masked_m = _masked_inputs(case, seed=35)
+    before = kernel(x, x_scale, masked_m, prepared, out=poison(torch.empty(x.shape, dtype=torch.bfloat16,
+                                                                           device=x.device)))
+    garble(weights)
+    after = kernel(x, x_scale, masked_m, prepared, out=poison(torch.empty_like(before)))
+    assert_same_bits(before, after)
+
+
+@conformance("moe_masked")
+def test_masked_under_torch_compile(case):
+    """As test_moe_under_torch_compile, for the masked layout."""
+    b = harness.built(case)
+    x, x_scale, masked_m = _masked_inputs(case, seed=37)
+
+    def call(x, x_scale, masked_m):
+        out = torch.zeros(x.shape, dtype=torch.bfloat16, device=x.device)
+        return b.kernel(x, x_scale, masked_m, b.prepared, out=out)
+
+    eager = call(x, x_scale, masked_m)
+    torch._dynamo.reset()
+    assert_same_bits(eager, torch.compile(call, backend="aot_eager")(x, x_scale, masked_m))
+
+
+@conformance("moe_masked")
+def test_masked_autograd(case):
+    """Every masked kernel is inference-only: with grad mode on, an x_scale or out= that requires
+    grad is a ValueError naming it; under torch.no_grad() the same x_scale is accepted."""
+    b = harness.built(case)
+    x, x_scale, masked_m = _masked_inputs(case, seed=36)
+    with pytest.raises(ValueError, match=r"x_scale requires grad.*inference-only"):
+        b.kernel(x, x_scale.clone().requires_grad_(), masked_m, b.prepared)
+    out = torch.zeros(x.shape, dtype=torch.bfloat16, device=x.device, requires_grad=True)
+    with pytest.raises(ValueError, match="out requires grad"):
+        b.kernel(x, x_scale, masked_m, b.prepared, out=out)
+    with torch.no_grad():
+        b.kernel(x, x_scale.clone().requires_grad_(), masked_m, b.prepared)
 
 
 # ---------------------------------------------------------------- requant
@@ -423,6 +555,37 @@ def test_requant_plan(case):
     b = harness.built(case)
     assert_same_plan(b.kernel.plan(REQUANT_MAX_M, expected_rows=2),
                      b.kernel.plan(REQUANT_MAX_M, expected_rows=2))
+
+
+@conformance("requant")
+def test_requant_under_torch_compile(case):
+    """As test_moe_under_torch_compile, for requant."""
+    b = harness.built(case)
+    x, x_scale, masked_m, s_out = _requant_inputs(case, seed=45)
+
+    def call(x, x_scale, masked_m, s_out):
+        out = torch.zeros(x.shape, dtype=b.kernel.fp8_dtype, device=x.device)
+        return b.kernel(x, x_scale, masked_m, s_out, out=out)
+
+    eager = call(x, x_scale, masked_m, s_out)
+    torch._dynamo.reset()
+    assert_same_bits(eager, torch.compile(call, backend="aot_eager")(x, x_scale, masked_m, s_out))
+
+
+@conformance("requant")
+def test_requant_autograd(case):
+    """Requant is inference-only: with grad mode on, an x_scale, output_scale or out= that requires
+    grad is a ValueError naming it."""
+    b = harness.built(case)
+    x, x_scale, masked_m, s_out = _requant_inputs(case, seed=44)
+    for name in ("x_scale", "output_scale"):
+        args = {"x_scale": x_scale, "output_scale": s_out}
+        args[name] = args[name].clone().requires_grad_()
+        with pytest.raises(ValueError, match=f"{name} requires grad.*inference-only"):
+            b.kernel(x, args["x_scale"], masked_m, args["output_scale"])
+    out = torch.zeros(x.shape, device=x.device, requires_grad=True)
+    with pytest.raises(ValueError, match="out requires grad"):
+        b.kernel(x, x_scale, masked_m, s_out, out=out)
 
 
 # What `from hal.testing.conformance import *` brings into a repository's test module: the hook that

@@ -156,16 +156,18 @@ def test_prepare_weights_keeps_the_ranks_slice_from_all_or_from_its_own_experts(
     spec = hal.MoESpec(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, has_bias=True)
     kernel = _rank_kernel(1, 2, spec)  # experts 4..7
     weights = random_weights(spec, seed=1)
-    from_all = kernel.prepare_weights(weights).data.data["weights"]
-    assert torch.equal(from_all.w13, weights.w13[4:]) and torch.equal(from_all.b2, weights.b2[4:])
-    assert from_all.expert_map.tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    from_all = kernel.prepare_weights(weights).data.data  # the reference's dequantized experts
+    assert torch.equal(from_all["w13"], weights.w13[4:])
+    assert torch.equal(from_all["b2"], weights.b2[4:].float())
+    assert from_all["weights"].expert_map.tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
     reverse = [7, 6, 5, 4]
     expert_map = torch.full((8,), -1, dtype=torch.int32)
     expert_map[reverse] = torch.arange(4, dtype=torch.int32)
     own = attrs.evolve(weights, w13=weights.w13[reverse], w2=weights.w2[reverse], b13=weights.b13[reverse],
                        b2=weights.b2[reverse], expert_map=expert_map)
-    from_own = kernel.prepare_weights(own).data.data["weights"]
-    assert torch.equal(from_own.w13, weights.w13[4:]) and torch.equal(from_own.b13, weights.b13[4:])
+    from_own = kernel.prepare_weights(own).data.data
+    assert torch.equal(from_own["w13"], weights.w13[4:])
+    assert torch.equal(from_own["b13"], weights.b13[4:].float())
     with pytest.raises(ValueError, match="^weights.w13 holds 4 experts and there is no expert_map"):
         kernel.prepare_weights(attrs.evolve(own, expert_map=None))
     wrong = torch.full((8,), -1, dtype=torch.int32)
