@@ -57,9 +57,10 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
         value = float(scale)
         if not 0 < value < float("inf"):
             raise ValueError(f"weights.w13_input_scale={value}: expected a finite value > 0")
-        dtype = torch.bfloat16
-        w13 = dequant.w13(self.spec, weights, torch.float32).to(dtype)
-        w2 = dequant.w2(self.spec, weights, torch.float32).to(dtype)
+        # fp32 GEMMs, as the reference's: a 16-bit GEMM 1 would move its output across FP8 roundings
+        # when it is requantized, beyond the contract.
+        w13 = dequant.w13(self.spec, weights, torch.float32)
+        w2 = dequant.w2(self.spec, weights, torch.float32)
         return dict(weights=ops.beside_experts(weights), w13=w13, w2=w2, input_scale=scale)
 
     @traceable.between_graphs
@@ -68,7 +69,7 @@ class W4AFp8MaskedKernel(MaskedMoEKernel):
                                                  expected_rows=expected_rows, gpu=self.target.gpu,
                                                  check=False)
         ops.moe_masked_per_tensor(self.spec, per_tensor, masked_m, data["weights"], out,
-                                  compute_dtype=torch.bfloat16,
+                                  compute_dtype=torch.float32,
                                   experts=lambda e: (data["w13"][e], data["w2"][e], None, None))
 
     def plan(self, masked_m, expected_rows: Optional[int] = None, max_m: Optional[int] = None):

@@ -21,14 +21,7 @@ class KnownFailure:
                 and (self.where is None or self.where(case.spec)))
 
 
-KNOWN_FAILURES = tuple(
-    KnownFailure(
-        test,
-        "the requant backend's w4afp8 GEMM stages round GEMM 1's output to bf16 before requantizing "
-        "the activation to FP8: the flipped FP8 roundings put live rows at 1.3e-2 to 1.8e-2 of the "
-        "float64 oracle (the reference masked kernel computes in fp32 for this reason)",
-        frozenset({"requant"}))
-    for test in ("test_masked_contract", "test_masked_default_out"))
+KNOWN_FAILURES: tuple = ()
 
 
 def known_failure(test: str, case) -> Optional[str]:
